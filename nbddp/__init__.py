@@ -1,0 +1,25 @@
+"""nbddp: run a Jupyter cell as torchrun-style ranked PyTorch distributed workers.
+
+``%load_ext nbddp`` then ``%%ddp -n 4``; or ``nbddp.run(code_or_function, n=4)`` from Python.
+"""
+from __future__ import annotations
+
+from .api import run
+from .result import DDPError, DDPTimeout, RankResult, RunResult
+from .spec import LaunchSpec, make_spec, parse_line
+
+__all__ = ["run", "DDPError", "DDPTimeout", "RankResult", "RunResult", "LaunchSpec", "make_spec",
+           "parse_line", "load_ipython_extension", "unload_ipython_extension"]
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython) -> None:
+    from . import starter
+    from .magic import DDPMagics
+
+    ipython.register_magics(DDPMagics)
+    starter.warm_up()
+
+
+def unload_ipython_extension(ipython) -> None:
+    pass

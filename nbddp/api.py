@@ -1,0 +1,44 @@
+"""The Python API under the magic: ``nbddp.run(source_or_callable, n=4, ...)``.
+
+Scripts, tests and other tools use the same engine as ``%%ddp``."""
+from __future__ import annotations
+
+import ast
+
+from .launcher import Launch
+from .spec import LaunchSpec, make_spec
+from .textview import TextView
+
+
+def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec | None = None,
+        sinks=None, check: bool = True, cwd: str | None = None, env_base: dict | None = None,
+        **options):
+    """Run ``target`` (a cell's source text, or a callable) on ranked workers; returns RunResult.
+
+    Options are those of ``%%ddp`` with underscores (``nproc_per_node=2, nnodes=2,
+    master_port=29500, timeout=10, env={...}``). With ``check`` (the default) a failed launch
+    raises DDPError (DDPTimeout on timeout) after all output was shown.
+    """
+    if spec is None:
+        spec = make_spec(n=n, **options)
+    source = func = None
+    if isinstance(target, str):
+        source = target
+        compile_cell(source)
+    elif callable(target):
+        func = target
+    else:
+        raise TypeError(f"nbddp.run needs source text or a callable, got {type(target).__name__}")
+    if sinks is None:
+        sinks = [TextView(spec)]
+    launch = Launch(spec, source=source, func=func, args=args, kwargs=kwargs, sinks=sinks,
+                    cwd=cwd, base_env=env_base)
+    result = launch.run()
+    if check:
+        result.raise_for_status()
+    return result
+
+
+def compile_cell(source: str) -> None:
+    """Raise the cell's SyntaxError here, once, before any rank starts."""
+    ast.parse(source, filename="<%%ddp cell>")

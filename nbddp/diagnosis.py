@@ -1,0 +1,172 @@
+"""Turning what ranks left behind (exit codes, signals, tracebacks, faulthandler stacks, stderr)
+into one-line explanations. Pure text logic, so each rule is unit-tested on its own."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+from .result import OK
+
+_SIGNAL_WORDS = {
+    signal.SIGSEGV: "crashed with SIGSEGV (segmentation fault)",
+    signal.SIGABRT: "aborted (SIGABRT)",
+    signal.SIGKILL: "killed by SIGKILL (from outside nbddp, or out of memory)",
+    signal.SIGTERM: "terminated by SIGTERM from outside nbddp",
+    signal.SIGBUS: "crashed with SIGBUS (bus error)",
+    signal.SIGFPE: "crashed with SIGFPE (arithmetic error)",
+    signal.SIGINT: "interrupted by SIGINT",
+}
+
+
+def describe_signal(number: int) -> str:
+    try:
+        sig = signal.Signals(number)
+    except ValueError:
+        return f"killed by signal {number}"
+    return _SIGNAL_WORDS.get(sig, f"killed by {sig.name}")
+
+
+def describe_failure(exception: dict | None, code: int | None) -> str:
+    if exception:
+        where = f" at cell line {exception['cell_line']}" if exception.get("cell_line") else ""
+        message = exception.get("message") or ""
+        first = message.strip().splitlines()[0] if message.strip() else ""
+        return f"{exception['type']}{': ' + first if first else ''}{where}"
+    return f"exited with code {code}"
+
+
+# ------------------------------------------------------------------ stacks
+_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
+
+
+def stack_complete(text: str) -> bool:
+    return "most recent call first" in text and text.endswith("\n")
+
+
+def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:
+    """faulthandler's dump as a list of threads, each a list of (file, line, function),
+    most recent call first."""
+    threads: list[list[tuple[str, int, str]]] = []
+    for raw in text.splitlines():
+        if "most recent call first" in raw:
+            threads.append([])
+            continue
+        match = _FRAME.match(raw)
+        if match and threads:
+            threads[-1].append((match["file"], int(match["line"]), match["func"].strip()))
+    return threads
+
+
+def blocked_at(stack_text: str, cell_path: str, source: str | None) -> str | None:
+    """Where the rank's main code is: 'cell line 4: dist.all_reduce(t) (in all_reduce)'."""
+    threads = parse_stacks(stack_text)
+    for frames in threads:
+        for index, (file, line, func) in enumerate(frames):
+            if file != cell_path:
+                continue
+            code = _source_line(source, line)
+            inner = _innermost_library_call(frames[:index])
+            text = f"cell line {line}"
+            if code:
+                text += f": {code}"
+            if inner:
+                text += f" (in {inner})"
+            return text
+    for frames in threads:  # no cell frame (a callable): the innermost frame of the main thread
+        if frames:
+            file, line, func = frames[0]
+            return f"{func} ({os.path.basename(file)}:{line})"
+    return None
+
+
+def _innermost_library_call(frames) -> str | None:
+    """The call the cell line is waiting in, named as the user wrote it (all_reduce, barrier…)."""
+    for file, line, func in reversed(frames):  # from the cell outward-in
+        if func not in ("wrapper", "inner", "_fn", "decorate_context", "<lambda>"):
+            return func
+    return None
+
+
+def _source_line(source: str | None, line: int) -> str:
+    if not source:
+        return ""
+    lines = source.splitlines()
+    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+
+def timeout_report(timeout_s: float, result) -> str:
+    return f"timed out after {timeout_s:g} s. " + where_ranks_are(result)
+
+
+def idle_report(idle_s: float, result, live) -> str:
+    return (f"warning: no output from any rank for {idle_s:.0f} s and ranks still running; "
+            f"a hung collective? {where_ranks_are(result, live)} "
+            f"(use --timeout SECONDS to stop such a cell automatically)")
+
+
+def where_ranks_are(result, only=None) -> str:
+    """'rank 0 blocked at cell line 4: …; ranks 1–3 finished ok' for a timeout or idle report."""
+    parts = []
+    considered = only if only is not None else result.ranks
+    for r in considered:
+        if r.blocked_at:
+            parts.append(f"rank {r.rank} blocked at {r.blocked_at}")
+        elif r.state not in (OK,) and r.ended_at is None:
+            parts.append(f"rank {r.rank} still running (no stack)")
+    finished = [r.rank for r in result.ranks if r.state == OK]
+    if finished:
+        parts.append(_plural("rank", finished) + " finished ok")
+    return "; ".join(parts) + "." if parts else ""
+
+
+def _plural(word: str, ranks: list[int]) -> str:
+    from .result import _ranges
+    return f"{word}{'s' if len(ranks) > 1 else ''} {_ranges([str(r) for r in ranks])}"
+
+
+# ------------------------------------------------------------------- hints
+HINTS: list[tuple[re.Pattern, str]] = [
+    (re.compile(r"environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected", re.I),
+     "env:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE from the environment; a launcher "
+     "(torchrun, or %%ddp) sets them. Run this under %%ddp, or set them yourself."),
+    (re.compile(r"EADDRINUSE|address already in use", re.I),
+     "the rendezvous port is held by another process: omit --master-port to get a free one, "
+     "or end the job that holds it."),
+    (re.compile(r"Default process group has not been initialized", re.I),
+     "call dist.init_process_group(...) before any collective or get_rank()/get_world_size()."),
+    (re.compile(r"mismatch between collectives|Detected mismatch|preamble\.length|"
+                r"op\.preamble|Mismatch in (sizes|tensor)", re.I),
+     "the ranks called different collectives (or with different shapes); rerun with "
+     "--env TORCH_DISTRIBUTED_DEBUG=DETAIL to see which."),
+    (re.compile(r"CUDA out of memory|OutOfMemoryError", re.I),
+     "the GPU ran out of memory: lower the per-rank batch size, and make sure each rank uses its "
+     "own device (torch.cuda.set_device(LOCAL_RANK))."),
+    (re.compile(r"invalid device ordinal|Duplicate GPU detected|device not set", re.I),
+     "each rank must use its own GPU: torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) "
+     "before creating tensors or the process group."),
+    (re.compile(r"Connection closed by peer|Connection reset by peer|"
+                r"connection reset|Broken pipe", re.I),
+     "another rank exited (or crashed) while this one waited in a collective with it; look at the "
+     "rank that failed first."),
+    (re.compile(r"timed out.*(collective|wait|store)|Socket Timeout|Timed out waiting", re.I),
+     "a rank never reached the matching collective (or rendezvous); check for collectives inside "
+     "`if rank == 0:` and for ranks that exited early."),
+]
+
+
+def hint_for(text: str) -> str | None:
+    """The first matching hint for an error message or the tail of a rank's stderr."""
+    for pattern, hint in HINTS:
+        if pattern.search(text or ""):
+            return hint
+    return None
+
+
+def add_hints(result) -> None:
+    """Give each rank that did not finish ok the matching one-line hint from HINTS."""
+    for rank in result.ranks:
+        if rank.ok or rank.hint:
+            continue
+        text = (rank.exception or {}).get("message", "") + "\n" + rank.stderr[-65536:]
+        rank.hint = hint_for(text)

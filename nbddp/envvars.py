@@ -1,0 +1,67 @@
+"""The environment each rank gets: the same variables, with the same values, as torchrun sets.
+
+Pure logic. ``tests/test_torchrun_env.py`` runs real torchrun and compares, so this list is
+checked against torch itself rather than trusted.
+"""
+from __future__ import annotations
+
+import os
+
+from .spec import LaunchSpec
+
+# Variables whose values legitimately differ from launch to launch (compared by key only).
+PER_LAUNCH_KEYS = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
+
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+def launcher_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str,
+                 error_file: str, base_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables torchrun's elastic agent adds for ``rank`` (without the inherited ones)."""
+    base = os.environ if base_env is None else base_env
+    env = {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(spec.local_rank_of(rank)),
+        "WORLD_SIZE": str(spec.world_size),
+        "LOCAL_WORLD_SIZE": str(spec.nproc_per_node),
+        "GROUP_RANK": str(spec.node_of(rank)),
+        "GROUP_WORLD_SIZE": str(spec.nnodes),
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": str(spec.world_size),
+        "MASTER_ADDR": spec.master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_ERROR_FILE": error_file,
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_TO_HANDLE,
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+    if spec.nproc_per_node > 1 and "OMP_NUM_THREADS" not in base:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def rank_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str, error_file: str,
+             backend: str, base_env: dict[str, str] | None = None,
+             cuda_device: int | None = None) -> dict[str, str]:
+    """The whole environment of one rank: inherited, plus torchrun's, plus nbddp's and the user's."""
+    base = dict(os.environ if base_env is None else base_env)
+    env = dict(base)
+    env.update(launcher_env(spec, rank, master_port=master_port, run_id=run_id,
+                            error_file=error_file, base_env=base))
+    env["NBDDP_BACKEND"] = backend
+    if cuda_device is not None:
+        env["NBDDP_CUDA_DEVICE"] = str(cuda_device)
+    env.update(dict(spec.env))
+    return env
+
+
+def legacy_argv(spec: LaunchSpec, rank: int) -> list[str]:
+    """The argument torch.distributed.launch put before the script's own (without --use-env)."""
+    if spec.legacy_launch is None:
+        return []
+    flag = "--local_rank" if spec.legacy_launch == "underscore" else "--local-rank"
+    return [f"{flag}={spec.local_rank_of(rank)}"]

@@ -1,0 +1,71 @@
+"""How worker processes are started: a forkserver per kernel with torch preloaded (fork speed,
+without forking the multi-threaded kernel or a process that has touched CUDA), or spawn.
+"""
+from __future__ import annotations
+
+import threading
+
+import multiprocess
+from multiprocess import forkserver, spawn
+
+# Imported once in the forkserver so each rank starts with them already loaded. None of these
+# initialise CUDA.
+PRELOAD = ["torch", "torch.distributed", "torch.nn", "nbddp.worker"]
+
+_lock = threading.Lock()
+_preload_set = False
+
+
+def context(start_method: str = "forkserver"):
+    """The multiprocess context for ``start_method``; the forkserver gets the preload list."""
+    global _preload_set
+    ctx = multiprocess.get_context(start_method)
+    if start_method == "forkserver":
+        with _lock:
+            if not _preload_set:
+                ctx.set_forkserver_preload(PRELOAD)
+                _preload_set = True
+    return ctx
+
+
+_starting = threading.local()
+_original_preparation = spawn.get_preparation_data
+
+
+def _preparation_without_main(name):
+    """A rank builds its own ``__main__`` from the cell: never re-run the caller's main script
+    in it (multiprocess would, for a script without a ``__main__`` guard)."""
+    data = _original_preparation(name)
+    if getattr(_starting, "active", False):
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+spawn.get_preparation_data = _preparation_without_main
+
+
+def start(process) -> None:
+    """Start one rank's process (see _preparation_without_main)."""
+    _starting.active = True
+    try:
+        process.start()
+    finally:
+        _starting.active = False
+
+
+def warm_up() -> threading.Thread:
+    """Start the forkserver (and import torch here, for the rendezvous store) in the background,
+    so the first cell does not pay for it while the user is still typing."""
+
+    def work():
+        try:
+            context("forkserver")
+            forkserver.ensure_running()
+            import torch.distributed  # noqa: F401 - the launcher hosts a TCPStore
+        except Exception:
+            pass  # the first launch will start it and report any real problem
+
+    thread = threading.Thread(target=work, name="nbddp-warm-up", daemon=True)
+    thread.start()
+    return thread

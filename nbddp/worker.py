@@ -1,0 +1,196 @@
+"""What runs inside one rank: make the process look like a script started by torchrun, run the
+cell (or callable), report how it ended, and die with the kernel.
+
+This module is preloaded in the forkserver, so it must import nothing that touches CUDA.
+"""
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import io
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+
+CELL_FILE_MARK = "cell.py"
+
+
+def entry(job: dict) -> None:
+    """Process target: set up, run, report, exit. Never returns."""
+    ctl = job["ctl"]
+    code = 1
+    try:
+        _become_script(job)
+        _send(ctl, ("started", os.getpid(), time.time()))
+        code = _run(job, ctl)
+    except BaseException as exc:  # setup failed: say so as plainly as possible
+        try:
+            os.write(2, f"nbddp: worker setup failed: {exc!r}\n".encode())
+        except OSError:
+            pass
+    _finish(ctl, code)
+
+
+def _send(ctl, message) -> None:
+    try:
+        ctl.send(message)
+    except (OSError, EOFError, ValueError):
+        pass
+
+
+def _become_script(job: dict) -> None:
+    os.setsid()  # own process group: the launcher ends the rank and all it started at once
+    for fd, conn in ((1, job["stdout"]), (2, job["stderr"])):
+        os.dup2(conn.fileno(), fd)
+        conn.close()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = sys.__stdout__ = _line_stream(1)
+    sys.stderr = sys.__stderr__ = _line_stream(2)
+    _watch_lifeline(job["lifeline"])
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    stack_file = open(job["stack_path"], "w")
+    job["_stack_file"] = stack_file
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(job["env"])
+    _apply_thread_env()
+    os.chdir(job["cwd"])
+    sys.path[:] = [job["cwd"]] + [p for p in job["sys_path"] if p not in ("", job["cwd"])]
+    sys.argv = list(job["argv"])
+    atexit._clear()  # handlers inherited from the forkserver are not the script's
+
+
+def _line_stream(fd: int) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace",
+                            line_buffering=True)
+
+
+def _apply_thread_env() -> None:
+    """torch was imported before the env was set: apply OMP_NUM_THREADS as a fresh process would."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    torch = sys.modules.get("torch")
+    if threads and torch is not None:
+        try:
+            torch.set_num_threads(max(1, int(threads)))
+        except (ValueError, RuntimeError):
+            pass
+
+
+def _watch_lifeline(conn) -> None:
+    """End this rank's whole process group when the kernel that launched it goes away."""
+    fd = conn.fileno()
+
+    def watch():
+        while True:
+            try:
+                if os.read(fd, 1) == b"":
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="nbddp-lifeline", daemon=True).start()
+
+
+def _run(job: dict, ctl) -> int:
+    main = types.ModuleType("__main__")
+    main.__file__ = job["cell_path"]
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    try:
+        if job.get("func") is not None:
+            value = job["func"](*job.get("args", ()), **job.get("kwargs", {}))
+            _send_value(ctl, value)
+        else:
+            source = job["source"]
+            linecache.cache[job["cell_path"]] = (len(source), None, source.splitlines(True), job["cell_path"])
+            code = compile(source, job["cell_path"], "exec")
+            exec(code, main.__dict__)
+            if job.get("pull"):
+                _send_pulled(ctl, main.__dict__, job["pull"])
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except BaseException as exc:  # the user's error: print like Python would, and report it
+        _report(ctl, exc, job["cell_path"])
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF if exc.code >= 0 else exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _user_traceback(exc: BaseException):
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
+
+
+def _report(ctl, exc: BaseException, cell_path: str) -> None:
+    tb = _user_traceback(exc)
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    line = None
+    for frame, lineno in traceback.walk_tb(tb):
+        if frame.f_code.co_filename == cell_path:
+            line = lineno
+    _send(ctl, ("exception", {"type": type(exc).__name__, "message": str(exc),
+                              "traceback": text, "cell_line": line}))
+
+
+def _send_value(ctl, value) -> None:
+    try:
+        ctl.send(("return", value))
+    except Exception as exc:  # unpicklable result: say which, do not fail the rank silently
+        _send(ctl, ("return_error", f"{type(value).__name__} could not be sent back: {exc}"))
+
+
+def _send_pulled(ctl, namespace: dict, names) -> None:
+    pulled = {}
+    for name in names:
+        if name in namespace:
+            pulled[name] = namespace[name]
+    try:
+        ctl.send(("pulled", pulled))
+    except Exception as exc:
+        _send(ctl, ("return_error", f"pulled values could not be sent back: {exc}"))
+
+
+def _finish(ctl, code: int) -> None:
+    try:
+        threading_shutdown = getattr(threading, "_shutdown", None)
+        if threading_shutdown is not None:
+            threading_shutdown()
+    except BaseException:
+        pass
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    _send(ctl, ("exit", code))
+    os._exit(code)
