@@ -8,9 +8,21 @@ from .api import run
 from .result import DDPError, DDPTimeout, RankResult, RunResult
 from .spec import LaunchSpec, make_spec, parse_line
 
-__all__ = ["run", "DDPError", "DDPTimeout", "RankResult", "RunResult", "LaunchSpec", "make_spec",
+__all__ = ["run", "backend", "DDPError", "DDPTimeout", "RankResult", "RunResult", "LaunchSpec", "make_spec",
            "parse_line", "load_ipython_extension", "unload_ipython_extension"]
 __version__ = "0.1.0"
+
+
+def backend() -> str:
+    """The backend this rank was launched for (``--backend``; auto: nccl with CUDA, else gloo).
+    Outside nbddp (say, the same code under torchrun) the same rule is applied here."""
+    from .worker import CURRENT
+
+    if CURRENT.get("backend"):
+        return CURRENT["backend"]
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def load_ipython_extension(ipython) -> None:

@@ -45,16 +45,13 @@ def launcher_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str,
 
 
 def rank_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str, error_file: str,
-             backend: str, base_env: dict[str, str] | None = None,
-             cuda_device: int | None = None) -> dict[str, str]:
-    """The whole environment of one rank: inherited, plus torchrun's, plus nbddp's and the user's."""
+             base_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of one rank: inherited, plus torchrun's, plus the user's ``--env``.
+    nbddp adds no variable of its own, so the key set is exactly torchrun's."""
     base = dict(os.environ if base_env is None else base_env)
     env = dict(base)
     env.update(launcher_env(spec, rank, master_port=master_port, run_id=run_id,
                             error_file=error_file, base_env=base))
-    env["NBDDP_BACKEND"] = backend
-    if cuda_device is not None:
-        env["NBDDP_CUDA_DEVICE"] = str(cuda_device)
     env.update(dict(spec.env))
     return env
 

@@ -95,9 +95,7 @@ class Launch:
             raise TypeError("give exactly one of source or func")
         self.spec = spec
         self.source = source
-        self.func = func
-        self.args = tuple(args)
-        self.kwargs = dict(kwargs or {})
+        self.func = None if func is None else pack_callable(func, args, kwargs)
         self.sinks = list(sinks)
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -116,7 +114,7 @@ class Launch:
         cell_path = os.path.join(log_dir, "cell.py")
         with open(cell_path, "w") as f:
             f.write(self.source if self.source is not None else
-                    f"# nbddp ran the function {getattr(self.func, '__qualname__', self.func)!r}\n")
+                    f"# nbddp ran the function {self.func['name']}\n")
         store, port = host_store(spec.master_addr, spec.master_port)
         backend = resolve_backend(spec)
         run_id = str(uuid.uuid4())
@@ -165,15 +163,15 @@ class Launch:
             err_r, err_w = os.pipe()
             life_r, life_w = os.pipe()
             ctl_r, ctl_w = ctx.Pipe(duplex=False)
-            env = rank_env(spec, r, master_port=port, run_id=run_id, backend=backend,
+            env = rank_env(spec, r, master_port=port, run_id=run_id,
                            error_file=os.path.join(log_dir, f"rank{r}.error.json"),
                            base_env=self.base_env)
             job = {
                 "rank": r, "env": env, "cwd": self.cwd, "sys_path": list(sys.path),
                 "argv": [cell_path] + legacy_argv(spec, r) + list(spec.script_args),
                 "cell_path": cell_path, "source": self.source, "func": self.func,
-                "args": self.args, "kwargs": self.kwargs, "stack_path": rank.stack_path,
-                "pull": list(spec.pull),
+                "stack_path": rank.stack_path,
+                "pull": list(spec.pull), "backend": backend,
                 "stdout": Connection(out_w, readable=False), "stderr": Connection(err_w, readable=False),
                 "lifeline": Connection(life_r, writable=False), "ctl": ctl_w,
             }
@@ -421,6 +419,24 @@ class Launch:
             handler = getattr(sink, event, None)
             if handler is not None:
                 handler(*args)
+
+
+def pack_callable(func, args=(), kwargs=None) -> dict:
+    """Serialize a callable (with the notebook globals it uses) once, in the kernel, so a
+    function that cannot be sent fails here with its name, not inside four ranks."""
+    import dill
+    import linecache
+
+    try:
+        payload = dill.dumps((func, tuple(args), dict(kwargs or {})), recurse=True)
+    except Exception as exc:
+        raise TypeError(f"nbddp: cannot send {getattr(func, '__qualname__', func)!r} and its "
+                        f"arguments to the ranks: {exc}") from None
+    code = getattr(func, "__code__", None)
+    filename = code.co_filename if code is not None else None
+    lines = linecache.getlines(filename) if filename else []
+    return {"payload": payload, "name": getattr(func, "__qualname__", repr(func)),
+            "filename": filename, "lines": lines}
 
 
 def _read_text(path: str) -> str:

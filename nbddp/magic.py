@@ -19,7 +19,9 @@ class DDPMagics(Magics):
             return None
         api.compile_cell(cell)
         sinks = views.make_sinks(spec, self.shell)
-        result = api.run(cell, spec=spec, sinks=sinks, check=False)
+        # The magic's own line stays line 1, so line numbers match what the notebook shows.
+        source = f"# %%ddp {line.strip()}\n{cell}"
+        result = api.run(source, spec=spec, sinks=sinks, check=False)
         self.shell.user_ns["_ddp"] = result
         result.raise_for_status()
         return None

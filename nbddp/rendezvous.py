@@ -8,10 +8,6 @@ from datetime import timedelta
 from IPython.core.error import UsageError
 
 
-class PortInUseError(UsageError):
-    """The requested MASTER_PORT is held by another process."""
-
-
 def host_store(master_addr: str, port: int | None, timeout_s: float = 1800.0):
     """Start a TCPStore server; returns (store, port). ``port=None`` picks a free one."""
     from torch.distributed import TCPStore
@@ -22,7 +18,8 @@ def host_store(master_addr: str, port: int | None, timeout_s: float = 1800.0):
     except (RuntimeError, OSError) as exc:
         text = str(exc)
         if port and ("EADDRINUSE" in text or "address already in use" in text.lower()):
-            raise PortInUseError(
+            raise UsageError(  # IPython shows a UsageError (exactly that class) as one line
+                
                 f"%%ddp: MASTER_PORT {port} is already in use on this machine (another job or "
                 f"process holds it); choose another --master-port, or omit it to get a free one"
             ) from None

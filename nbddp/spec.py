@@ -68,6 +68,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports problems as UsageError instead of exiting the kernel."""
 
     def error(self, message):  # noqa: D401 - argparse API
+        # "argument -n/--world-size/--np: -n must be…" reads better without the alias list
+        message = re.sub(r"^argument [^:]+: (?=-|port|not a|[A-Za-z-]+ (must|takes))", "", message)
         raise UsageError(f"%%ddp: {message}")
 
     def exit(self, status=0, message=None):
@@ -169,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master-port", "--master_port", dest="master_port", type=_port, default=None,
                    help="rendezvous port (default: a free port per launch)")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="backend hint exposed as NBDDP_BACKEND (auto: nccl with CUDA, else gloo)")
+                   help="backend hint, read in a rank with nbddp.backend() (auto: nccl with CUDA, else gloo)")
     p.add_argument("--timeout", type=_seconds("--timeout"), default=None,
                    help="seconds before a still-running launch is stopped and its stacks shown")
     p.add_argument("--idle-warning", dest="idle_warning", type=_seconds("--idle-warning"), default=30.0,

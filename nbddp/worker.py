@@ -17,7 +17,8 @@ import time
 import traceback
 import types
 
-CELL_FILE_MARK = "cell.py"
+# What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
+CURRENT: dict = {}
 
 
 def entry(job: dict) -> None:
@@ -44,6 +45,7 @@ def _send(ctl, message) -> None:
 
 
 def _become_script(job: dict) -> None:
+    CURRENT.update(rank=job["rank"], backend=job.get("backend"))
     os.setsid()  # own process group: the launcher ends the rank and all it started at once
     for fd, conn in ((1, job["stdout"]), (2, job["stderr"])):
         os.dup2(conn.fileno(), fd)
@@ -112,8 +114,13 @@ def _run(job: dict, ctl) -> int:
     sys.modules["__main__"] = main
     try:
         if job.get("func") is not None:
-            value = job["func"](*job.get("args", ()), **job.get("kwargs", {}))
-            _send_value(ctl, value)
+            import dill
+
+            packed = job["func"]
+            if packed["filename"] and packed["lines"]:  # so tracebacks show the notebook's lines
+                linecache.cache[packed["filename"]] = (0, None, packed["lines"], packed["filename"])
+            func, args, kwargs = dill.loads(packed["payload"])
+            _send_value(ctl, func(*args, **kwargs))
         else:
             source = job["source"]
             linecache.cache[job["cell_path"]] = (len(source), None, source.splitlines(True), job["cell_path"])

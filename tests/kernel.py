@@ -1,0 +1,140 @@
+"""A real Jupyter kernel for tests, driven over ZMQ with jupyter_client."""
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psutil
+from jupyter_client import KernelManager
+
+
+@dataclass
+class Reply:
+    """What one executed cell sent back."""
+
+    stdout: str = ""
+    stderr: str = ""
+    error: dict | None = None
+    outputs: list = field(default_factory=list)
+    status: str = ""
+    elapsed: float = 0.0
+
+    @property
+    def text(self) -> str:
+        return self.stdout + self.stderr
+
+
+class Kernel:
+    """Start a kernel with this interpreter, run cells in it, and inspect its processes."""
+
+    def __init__(self, cwd: str | None = None, env: dict | None = None):
+        self.km = KernelManager(kernel_name="python3")
+        self.km.kernel_spec.argv[0] = sys.executable
+        kw = {"cwd": cwd} if cwd else {}
+        if env is not None:
+            kw["env"] = env
+        self.km.start_kernel(**kw)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid
+
+    def execute(self, code: str, timeout: float = 120, on_output=None) -> Reply:
+        msg_id = self.kc.execute(code)
+        return self.collect(msg_id, timeout, on_output)
+
+    def collect(self, msg_id: str, timeout: float = 120, on_output=None) -> Reply:
+        reply = Reply()
+        start = time.monotonic()
+        while True:
+            left = timeout - (time.monotonic() - start)
+            if left <= 0:
+                raise TimeoutError(f"cell did not finish in {timeout} s; so far: {reply.text[-2000:]}")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    reply.stdout += content["text"]
+                else:
+                    reply.stderr += content["text"]
+                if on_output:
+                    on_output(reply)
+            elif kind == "error":
+                reply.error = content
+            elif kind in ("display_data", "execute_result", "update_display_data"):
+                reply.outputs.append(content)
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        reply.elapsed = time.monotonic() - start
+        shell = self.kc.get_shell_msg(timeout=10)
+        reply.status = shell["content"]["status"]
+        return reply
+
+    def ok(self, code: str, timeout: float = 120) -> Reply:
+        """Execute and fail the test with the kernel's own error text if the cell raised."""
+        reply = self.execute(code, timeout)
+        if reply.error:
+            raise AssertionError(f"cell raised {reply.error['ename']}: {reply.error['evalue']}\n"
+                                 + "\n".join(reply.error["traceback"]) + "\n" + reply.text)
+        return reply
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def shutdown(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            self.km.shutdown_kernel(now=True)
+
+
+def alive(pids) -> list[int]:
+    """The pids among ``pids`` that still run (zombies count as gone)."""
+    living = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                living.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return living
+
+
+def wait_gone(pids, timeout: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = alive(pids)
+        if not left:
+            return []
+        time.sleep(0.05)
+    return alive(pids)
+
+
+def worker_pids(kernel: Kernel) -> list[int]:
+    """Processes under the kernel that are ranks (not the forkserver or resource tracker)."""
+    result = []
+    for proc in kernel.descendants():
+        try:
+            cmd = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if "forkserver" in cmd and proc.ppid() == kernel.pid:
+            continue
+        if "resource_tracker" in cmd:
+            continue
+        result.append(proc.pid)
+    return result
