@@ -203,6 +203,7 @@ class Launch:
                 else:
                     self._on_exit(rank)
             self._check_clock()
+            self._emit("tick")  # views flush batched updates here (at most every 0.1 s)
 
     def _read_output(self, fd: int, rank: _Rank, stream: str) -> bool:
         try:

@@ -8,11 +8,12 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 py=.venv/bin/python
+quiet() { "$@" 2> >(grep -v -e "^WARNING: Location" -e "BuildBackendWarning" >&2); }
 "$py" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-"$py" -m pip install -q "torch==2.13.0"
+quiet "$py" -m pip install -q "torch==2.13.0"
 if [ -n "$extras" ]; then
-  "$py" -m pip install -q -e ".[$extras]"
+  quiet "$py" -m pip install -q -c <(echo "torch==2.13.0") -e ".[$extras]"
 else
-  "$py" -m pip install -q -e .
+  quiet "$py" -m pip install -q -c <(echo "torch==2.13.0") -e .
 fi
 "$py" -c "import torch, nbddp; print('nbddp', nbddp.__version__, 'torch', torch.__version__)"
