@@ -87,6 +87,14 @@ def _apply_thread_env() -> None:
             torch.set_num_threads(max(1, int(threads)))
         except (ValueError, RuntimeError):
             pass
+    # torch.distributed reads TORCH_DISTRIBUTED_DEBUG once, at import (in the forkserver, before
+    # this rank's environment existed): read it again so DETAIL's collective checks are on.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and hasattr(dist, "set_debug_level_from_env"):
+        try:
+            dist.set_debug_level_from_env()
+        except (ValueError, RuntimeError):
+            pass
 
 
 def _watch_lifeline(conn) -> None:
