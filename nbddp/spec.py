@@ -46,6 +46,7 @@ class LaunchSpec:
     rdzv_backend: str = "c10d"
     rdzv_id: str | None = None
     max_restarts: int = 0
+    rdzv_timeout: float | None = None
     gpus: tuple[int, ...] | None = None
     export: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=None)
     p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts",
                    type=_nonneg_int("--max-restarts"), default=0)
+    p.add_argument("--rdzv-timeout", "--rdzv_timeout", dest="rdzv_timeout", type=_seconds("--rdzv-timeout"),
+                   default=None, help="seconds to wait for every node to join (torchrun's rdzv join_timeout)")
     p.add_argument("--gpus", type=_int_list("--gpus"), default=None, help="CUDA devices to use, e.g. 0,1,3")
     p.add_argument("--fresh", action="store_true", help="run a fresh job even while a pool runs")
     p.add_argument("--push", type=_names, default=(), help="notebook names to send into every worker")
@@ -224,6 +227,7 @@ def parse_line(line: str) -> LaunchSpec | None:
                      ranks_shown=ns.ranks_shown, output=ns.output, log_dir=ns.log_dir,
                      script_args=script_args, launcher=ns.launcher, rdzv_endpoint=ns.rdzv_endpoint,
                      rdzv_backend=ns.rdzv_backend, rdzv_id=ns.rdzv_id, max_restarts=ns.max_restarts,
+                     rdzv_timeout=ns.rdzv_timeout,
                      gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, export=ns.export)
 
 
@@ -292,3 +296,10 @@ def _check(spec: LaunchSpec) -> None:
             raise UsageError(f"%%ddp: --node-rank {spec.node_rank} must be below --nnodes {spec.nnodes}")
     if not spec.master_addr:
         raise UsageError("%%ddp: --master-addr must not be empty")
+    if spec.launcher != "torchrun":
+        for name, value in (("--rdzv-endpoint", spec.rdzv_endpoint), ("--rdzv-id", spec.rdzv_id),
+                            ("--rdzv-timeout", spec.rdzv_timeout)):
+            if value is not None:
+                raise UsageError(f"%%ddp: {name} is for a real multi-node job: use it with --launcher torchrun")
+    if spec.rdzv_endpoint is not None and not re.match(r"^\[?[^\s\[\]]+\]?(:\d{1,5})?$", spec.rdzv_endpoint):
+        raise UsageError(f"%%ddp: --rdzv-endpoint takes HOST[:PORT], got {spec.rdzv_endpoint!r}")
