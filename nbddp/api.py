@@ -4,6 +4,9 @@ Scripts, tests and other tools use the same engine as ``%%ddp``."""
 from __future__ import annotations
 
 import ast
+import os
+
+from . import placement
 
 from .launcher import Launch
 from .spec import LaunchSpec, make_spec
@@ -21,6 +24,7 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
     """
     if spec is None:
         spec = make_spec(n=n, **options)
+    placement.plan(spec, placement.cuda_device_count(), env_base if env_base is not None else dict(os.environ))
     source = func = None
     if isinstance(target, str):
         source = target

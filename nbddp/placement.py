@@ -1,0 +1,101 @@
+"""GPU placement: one CUDA device per local rank, chosen with ``--gpus 0,1,3``; nccl as the
+default backend where CUDA exists.
+
+Pure logic: the number of devices is a parameter (``device_count``), so every rule is tested on
+CPU; only :func:`cuda_device_count` asks torch, and it is called at the boundary.
+
+The choice is expressed the way cluster schedulers and torchrun users already expect: with
+``--gpus`` the ranks get ``CUDA_VISIBLE_DEVICES`` listing the chosen devices, so inside a rank
+``cuda:LOCAL_RANK`` is the LOCAL_RANK-th chosen device and unchanged torchrun code keeps working.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from IPython.core.error import UsageError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the ranks of one node go."""
+
+    devices: tuple[int, ...]   # the chosen devices, as numbered where nbddp runs (before remapping)
+    physical: tuple[str, ...]  # the same devices as CUDA_VISIBLE_DEVICES entries
+    backend: str               # gloo, nccl or mpi
+    env: tuple[tuple[str, str], ...] = ()  # what every rank of this node gets added
+
+    def device_of(self, local_rank: int) -> str | None:
+        """The torch device string a rank should use (``cuda:LOCAL_RANK``), None without GPUs."""
+        if not self.devices:
+            return None
+        return f"cuda:{local_rank % len(self.devices)}"
+
+
+def _visible(base_env: dict | None, device_count: int) -> list[str]:
+    """The device names torch numbers 0..count-1 here (respecting an existing CUDA_VISIBLE_DEVICES)."""
+    current = (base_env or {}).get("CUDA_VISIBLE_DEVICES")
+    if current is not None and current.strip() != "":
+        names = [part.strip() for part in current.split(",") if part.strip()]
+        return names[:device_count] if len(names) >= device_count else names
+    return [str(i) for i in range(device_count)]
+
+
+def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
+    """The placement for ``spec`` on a machine with ``device_count`` CUDA devices.
+    Raises UsageError (one line) for a choice that cannot work."""
+    gpus = getattr(spec, "gpus", None)
+    nproc = spec.nproc_per_node
+    visible = _visible(base_env, device_count)
+    if gpus is not None:
+        if device_count == 0:
+            raise UsageError(f"%%ddp: --gpus {_join(gpus)} asks for CUDA devices, but this machine has none "
+                             "(omit --gpus to run on CPU with gloo)")
+        if len(set(gpus)) != len(gpus):
+            raise UsageError(f"%%ddp: --gpus {_join(gpus)} names a device twice")
+        bad = [g for g in gpus if g >= device_count]
+        if bad:
+            raise UsageError(f"%%ddp: --gpus {_join(bad)}: this machine has {device_count} CUDA device"
+                             f"{'s' if device_count != 1 else ''} (0..{device_count - 1})")
+        devices = tuple(gpus)
+    else:
+        devices = tuple(range(device_count))
+    backend = spec.backend
+    if backend == "auto":
+        backend = "nccl" if devices else "gloo"
+    if backend == "nccl":
+        if not devices:
+            raise UsageError("%%ddp: --backend nccl needs CUDA devices and this machine has none; use gloo")
+        if nproc > len(devices):
+            raise UsageError(f"%%ddp: {nproc} ranks per node but {len(devices)} GPU"
+                             f"{'s' if len(devices) != 1 else ''} "
+                             f"{'chosen' if gpus is not None else 'here'} (nccl needs one GPU per rank): "
+                             f"use -n {len(devices)}, more --gpus, or --backend gloo")
+    env: tuple[tuple[str, str], ...] = ()
+    physical = tuple(visible[d] if d < len(visible) else str(d) for d in devices)
+    if gpus is not None:
+        env = (("CUDA_VISIBLE_DEVICES", ",".join(physical)),)
+    return Placement(devices=devices, physical=physical, backend=backend, env=env)
+
+
+def gpu_env(spec, device_count: int, base_env: dict | None = None) -> dict[str, str]:
+    """The variables placement adds to every rank: CUDA_VISIBLE_DEVICES with ``--gpus``, else none
+    (without ``--gpus`` all devices stay visible and cuda:LOCAL_RANK is one device per rank)."""
+    if getattr(spec, "gpus", None) is None and device_count == 0:
+        return {}
+    return dict(plan(spec, device_count, base_env).env)
+
+
+def _join(values) -> str:
+    return ",".join(str(v) for v in values)
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_device_count() -> int:
+    """How many CUDA devices torch sees here (0 without CUDA). The one place torch is asked."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:
+        return 0

@@ -1,0 +1,79 @@
+"""GPU placement rules, on CPU: the device count is passed in at the boundary (no torch mocking)."""
+import pytest
+from IPython.core.error import UsageError
+
+from nbddp import placement
+from nbddp.envvars import rank_env
+from nbddp.spec import parse_line
+
+
+def spec(line):
+    return parse_line(line)
+
+
+def test_no_cuda_means_gloo_and_no_variables():
+    p = placement.plan(spec("-n 4"), 0)
+    assert p.backend == "gloo" and p.devices == () and p.device_of(0) is None
+    assert placement.gpu_env(spec("-n 4"), 0) == {}
+
+
+def test_cuda_means_nccl_and_one_device_per_local_rank():
+    p = placement.plan(spec("-n 4"), 4)
+    assert p.backend == "nccl" and p.devices == (0, 1, 2, 3)
+    assert [p.device_of(r) for r in range(4)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert placement.gpu_env(spec("-n 4"), 4) == {}  # all visible: cuda:LOCAL_RANK is already right
+
+
+def test_gpus_choose_devices_through_cuda_visible_devices():
+    s = spec("-n 3 --gpus 0,1,3")
+    p = placement.plan(s, 4)
+    assert p.devices == (0, 1, 3) and p.backend == "nccl"
+    assert placement.gpu_env(s, 4) == {"CUDA_VISIBLE_DEVICES": "0,1,3"}
+    # LOCAL_RANK indexes the chosen devices: rank 2 uses cuda:2, which is physical device 3
+    assert p.device_of(2) == "cuda:2" and p.physical[2] == "3"
+
+
+def test_gpus_are_numbered_within_an_existing_cuda_visible_devices():
+    s = spec("-n 2 --gpus 1,2")
+    env = placement.gpu_env(s, 3, {"CUDA_VISIBLE_DEVICES": "4,6,7"})
+    assert env == {"CUDA_VISIBLE_DEVICES": "6,7"}
+
+
+def test_per_node_with_several_nodes():
+    p = placement.plan(spec("-n 4 --nnodes 2 --gpus 2,3"), 4)
+    assert p.devices == (2, 3) and p.backend == "nccl"
+
+
+@pytest.mark.parametrize("line, count, words", [
+    ("-n 4", 2, "4 ranks per node but 2 GPUs here"),
+    ("-n 3 --gpus 0,1", 4, "3 ranks per node but 2 GPUs chosen"),
+    ("-n 2 --gpus 0,5", 4, "--gpus 5: this machine has 4 CUDA devices"),
+    ("-n 2 --gpus 0,0", 4, "names a device twice"),
+    ("-n 2 --gpus 0,1", 0, "this machine has none"),
+    ("-n 2 --backend nccl", 0, "nccl needs CUDA devices"),
+])
+def test_impossible_placements_are_one_line_usage_errors(line, count, words):
+    with pytest.raises(UsageError) as info:
+        placement.plan(spec(line), count)
+    message = str(info.value)
+    assert words in message and "\n" not in message
+
+
+def test_gloo_may_share_devices():
+    p = placement.plan(spec("-n 4 --backend gloo"), 2)
+    assert p.backend == "gloo" and p.devices == (0, 1)
+
+
+def test_rank_env_adds_visible_devices_only_with_gpus():
+    kw = dict(master_port=1, run_id="r", error_file="e", base_env={"PATH": "/bin"})
+    plain = rank_env(spec("-n 2"), 0, device_count=0, **kw)
+    assert "CUDA_VISIBLE_DEVICES" not in plain
+    chosen = rank_env(spec("-n 2 --gpus 1,3"), 1, device_count=4, **kw)
+    assert chosen["CUDA_VISIBLE_DEVICES"] == "1,3" and chosen["LOCAL_RANK"] == "1"
+    # the user's --env still wins
+    mine = rank_env(spec("-n 2 --gpus 1,3 --env CUDA_VISIBLE_DEVICES=0,1"), 1, device_count=4, **kw)
+    assert mine["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_this_machine_count_is_an_int():
+    assert isinstance(placement.cuda_device_count(), int)
