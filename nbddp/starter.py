@@ -10,7 +10,7 @@ from multiprocess import forkserver, spawn
 
 # Imported once in the forkserver so each rank starts with them already loaded. None of these
 # initialise CUDA.
-PRELOAD = ["torch", "torch.distributed", "torch.nn", "nbddp.worker"]
+PRELOAD = ["torch", "torch.distributed", "torch.nn", "nbddp.worker", "nbddp.worker_display"]
 
 _lock = threading.Lock()
 _preload_set = False

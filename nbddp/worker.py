@@ -70,6 +70,17 @@ def _become_script(job: dict) -> None:
     sys.path[:] = [job["cwd"]] + [p for p in job["sys_path"] if p not in ("", job["cwd"])]
     sys.argv = list(job["argv"])
     atexit._clear()  # handlers inherited from the forkserver are not the script's
+    _install_display(job["ctl"])
+
+
+def _install_display(ctl) -> None:
+    """display() and plt.show() in a rank send mime bundles to the kernel (nbddp/worker_display.py)."""
+    try:
+        from .worker_display import install
+
+        install(ctl)
+    except Exception as exc:  # rich output is a nicety: the rank still runs
+        sys.stderr.write(f"nbddp: display() in this rank prints text only ({exc!r})\n")
 
 
 def _line_stream(fd: int) -> io.TextIOWrapper:

@@ -1,0 +1,288 @@
+"""The static side of a launch's display: bounded per-rank tails and their text/plain and
+text/html transcript (every rank's output and final status), which an executed notebook keeps
+and GitHub, nbviewer and papermill show without any widget.
+
+Pure: no IPython, no widgets, no processes. ``Collector`` is fed the launcher's events;
+``bundle`` renders what it holds.
+"""
+from __future__ import annotations
+
+import codecs
+import html
+import time
+from collections import deque
+
+from .result import FINAL_STATES, OK, RUNNING, STARTING
+
+MAX_LINE = 2000          # characters kept of one line (the rest is counted, not kept)
+TAIL_LINES = 500         # lines kept per rank (the full log is on disk)
+ALL_LINES = 1000         # lines kept in the interleaved "all ranks" view
+MAX_DISPLAYS = 20        # rich outputs kept per rank
+TRANSCRIPT_LINES = 200   # lines per rank in the saved transcript
+
+# chip colours per state: (foreground, background)
+STATE_COLORS = {
+    "starting": ("#555", "#eee"), "running": ("#0b5394", "#e3f0fc"), "ok": ("#1e6b2e", "#e2f5e6"),
+    "failed": ("#a31515", "#fde7e7"), "timed out": ("#8a4b00", "#fff1dc"),
+    "killed": ("#a31515", "#fde7e7"), "terminated": ("#666", "#f0f0f0"),
+    "interrupted": ("#8a4b00", "#fff1dc"),
+}
+STDERR_STYLE = "color:#a31515;background:#fff3f3"
+
+
+class Splitter:
+    """Bytes → lines, incrementally, with a bounded partial line: a rank that writes 50 MB
+    without a newline costs this much memory, not 50 MB (and never quadratic copying)."""
+
+    def __init__(self, limit: int = MAX_LINE):
+        self.limit = limit
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+        self._dropped = 0
+
+    def _finish(self, text: str) -> str:
+        dropped = self._dropped + max(0, len(text) - self.limit)
+        self._dropped = 0
+        text = text[:self.limit]
+        return text + (f" … [{dropped} more characters]" if dropped else "")
+
+    def feed(self, data: bytes) -> list[str]:
+        text = self._decoder.decode(data)
+        if "\n" not in text:
+            room = self.limit - len(self._partial)
+            if room > 0:
+                self._partial += text[:room]
+            self._dropped += max(0, len(text) - max(room, 0))
+            return []
+        pieces = text.split("\n")
+        first = self._finish(self._partial + pieces[0])
+        rest = pieces[-1]
+        self._partial = rest[:self.limit]
+        self._dropped = max(0, len(rest) - self.limit)
+        return [first] + [self._finish(p) for p in pieces[1:-1]]
+
+    def flush(self) -> list[str]:
+        text = self._partial + self._decoder.decode(b"", final=True)
+        had = bool(text) or self._dropped
+        self._partial = ""
+        return [self._finish(text)] if had else []
+
+
+class Tail:
+    """The last ``size`` lines of one rank (stdout and stderr in arrival order)."""
+
+    def __init__(self, size: int = TAIL_LINES):
+        self.lines: deque = deque(maxlen=size)   # (stream, text)
+        self.total = 0
+        self.displays: deque = deque(maxlen=MAX_DISPLAYS)
+        self.display_total = 0
+
+    @property
+    def hidden(self) -> int:
+        return self.total - len(self.lines)
+
+    def add(self, stream: str, lines: list[str]) -> None:
+        self.total += len(lines)
+        if len(lines) >= self.lines.maxlen:
+            lines = lines[-self.lines.maxlen:]
+        self.lines.extend((stream, line) for line in lines)
+
+
+class Collector:
+    """Keeps what the views and the transcript need: per-rank tails of the shown ranks, the
+    interleaved tail, rich outputs, notes, and the RunResult the launcher updates."""
+
+    def __init__(self, spec, tail_lines: int = TAIL_LINES, all_lines: int = ALL_LINES):
+        self.spec = spec
+        self.result = None
+        self.backend = None
+        self.tails: dict[int, Tail] = {r: Tail(tail_lines) for r in range(spec.world_size) if spec.shown(r)}
+        self.all = Tail(all_lines)       # entries: (stream, (rank, text))
+        self.notes: list[str] = []
+        self._splitters: dict[tuple[int, str], Splitter] = {}
+        self.finished = False
+
+    def launch_started(self, result, spec, backend):
+        self.result, self.backend = result, backend
+
+    def output(self, rank: int, stream: str, data: bytes) -> list[str]:
+        """Returns the complete lines this chunk finished (empty for a hidden rank)."""
+        if rank not in self.tails:
+            return []
+        splitter = self._splitters.setdefault((rank, stream), Splitter())
+        lines = splitter.feed(data)
+        if lines:
+            self._add(rank, stream, lines)
+        return lines
+
+    def _add(self, rank, stream, lines):
+        self.tails[rank].add(stream, lines)
+        self.all.total += len(lines)
+        keep = lines[-self.all.lines.maxlen:]
+        self.all.lines.extend((stream, (rank, line)) for line in keep)
+
+    def display(self, rank: int, bundle: dict) -> bool:
+        tail = self.tails.get(rank)
+        if tail is None:
+            return False
+        tail.displays.append(bundle)
+        tail.display_total += 1
+        return True
+
+    def note(self, text: str):
+        self.notes.append(text)
+
+    def rank_exited(self, rank_result):
+        for stream in ("stdout", "stderr"):
+            splitter = self._splitters.pop((rank_result.rank, stream), None)
+            if splitter is not None:
+                rest = splitter.flush()
+                if rest:
+                    self._add(rank_result.rank, stream, rest)
+
+    def launch_finished(self, result):
+        self.result = result
+        for rank, stream in list(self._splitters):
+            rest = self._splitters.pop((rank, stream)).flush()
+            if rest:
+                self._add(rank, stream, rest)
+        self.finished = True
+
+
+# ------------------------------------------------------------------ rendering
+def elapsed_of(rank_result, now: float | None = None) -> float | None:
+    if rank_result.started_at is None:
+        return None
+    end = rank_result.ended_at or (now if now is not None else time.time())
+    return max(0.0, end - rank_result.started_at)
+
+
+def status_words(rank_result, now: float | None = None) -> str:
+    """'ok 1.2 s exit 0' — the chip's text after the rank's name."""
+    parts = [rank_result.state]
+    elapsed = elapsed_of(rank_result, now)
+    if elapsed is not None:
+        parts.append(f"{elapsed:.1f} s")
+    if rank_result.exitcode is not None:
+        parts.append(f"exit {rank_result.exitcode}")
+    return " ".join(parts)
+
+
+def headline(result, finished: bool = True) -> str:
+    n = result.world_size
+    word = f"{n} rank{'s' if n != 1 else ''}"
+    if not finished:
+        return f"nbddp: {word} running"
+    if result.ok:
+        return f"nbddp: {word}, all ok in {result.elapsed:.2f} s"
+    bad = [r for r in result.ranks if r.state != OK]
+    states = sorted({r.state for r in bad})
+    return f"nbddp: {word}, {len(bad)} not ok ({', '.join(states)}) after {result.elapsed:.2f} s"
+
+
+def _hidden_note(tail: Tail, shown: int, log_hint: str) -> str:
+    hidden = tail.total - shown
+    return f"… {hidden} earlier line{'s' if hidden != 1 else ''} hidden{log_hint}"
+
+
+def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) -> str:
+    result = collector.result
+    out = [headline(result, collector.finished), f"logs: {result.log_dir}"]
+    for r in result.ranks:
+        line = f"  rank {r.rank}: {status_words(r)}"
+        if r.cause:
+            line += f" — {r.cause}"
+        out.append(line)
+    for note in collector.notes:
+        out.append(f"note: {note}")
+    for rank, tail in collector.tails.items():
+        lines = list(tail.lines)[-lines_per_rank:]
+        out.append(f"--- rank {rank} ({tail.total} line{'s' if tail.total != 1 else ''}) ---")
+        if tail.total > len(lines):
+            out.append(_hidden_note(tail, len(lines), f" (full log: {result.ranks[rank].stdout_path or result.log_dir})"))
+        for stream, text in lines:
+            out.append(("stderr| " if stream == "stderr" else "") + text)
+        if tail.display_total:
+            out.append(f"[{tail.display_total} rich output{'s' if tail.display_total != 1 else ''}]")
+    return "\n".join(out) + "\n"
+
+
+def chip_html(rank_result, now: float | None = None) -> str:
+    fg, bg = STATE_COLORS.get(rank_result.state, ("#333", "#eee"))
+    title = html.escape(rank_result.cause or rank_result.state, quote=True)
+    return (f'<span class="nbddp-chip nbddp-{rank_result.state.replace(" ", "-")}" title="{title}" '
+            f'style="display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;'
+            f'font:12px monospace;color:{fg};background:{bg};border:1px solid {fg}33">'
+            f'rank {rank_result.rank}: {html.escape(status_words(rank_result, now))}</span>')
+
+
+def chips_html(result, now: float | None = None) -> str:
+    return "".join(chip_html(r, now) for r in result.ranks)
+
+
+def lines_html(entries, with_rank: bool = False) -> str:
+    """``<pre>`` body for (stream, text) or (stream, (rank, text)) entries; stderr highlighted."""
+    parts = []
+    for stream, item in entries:
+        if with_rank:
+            rank, text = item
+            text = f"[rank{rank}]: {text}"
+        else:
+            text = item
+        text = html.escape(text)
+        if stream == "stderr":
+            parts.append(f'<span class="nbddp-stderr" style="{STDERR_STYLE}">{text}</span>')
+        else:
+            parts.append(text)
+    return "\n".join(parts)
+
+
+def _display_html(bundle: dict) -> str:
+    if "image/png" in bundle:
+        return f'<img src="data:image/png;base64,{bundle["image/png"]}"/>'
+    if "image/jpeg" in bundle:
+        return f'<img src="data:image/jpeg;base64,{bundle["image/jpeg"]}"/>'
+    if "text/html" in bundle:
+        return str(bundle["text/html"])
+    if "image/svg+xml" in bundle:
+        return str(bundle["image/svg+xml"])
+    return f"<pre>{html.escape(str(bundle.get('text/plain', '')))}</pre>"
+
+
+def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
+                include_displays: bool = True) -> str:
+    result = collector.result
+    out = ['<div class="nbddp-transcript">',
+           f'<div><b>{html.escape(headline(result, collector.finished))}</b> '
+           f'<span style="color:#666">logs: <code>{html.escape(result.log_dir)}</code></span></div>',
+           f'<div>{chips_html(result)}</div>']
+    for r in result.ranks:
+        if r.cause:
+            out.append(f'<div style="color:#a31515">rank {r.rank}: {html.escape(r.cause)}</div>')
+    for note in collector.notes:
+        out.append(f'<pre style="color:#8a4b00">{html.escape(note)}</pre>')
+    for rank, tail in collector.tails.items():
+        lines = list(tail.lines)[-lines_per_rank:]
+        out.append(f'<details open><summary>rank {rank} — {html.escape(status_words(result.ranks[rank]))}'
+                   f' ({tail.total} line{"s" if tail.total != 1 else ""})</summary>')
+        if tail.total > len(lines):
+            out.append(f'<div style="color:#666"><i>{html.escape(_hidden_note(tail, len(lines), ""))}'
+                       f' (full log: <code>{html.escape(result.ranks[rank].stdout_path or result.log_dir)}</code>)'
+                       f'</i></div>')
+        out.append(f'<pre style="margin:0">{lines_html(lines)}</pre>')
+        if include_displays:
+            for bundle in tail.displays:
+                out.append(f'<div class="nbddp-display">{_display_html(bundle)}</div>')
+        out.append('</details>')
+    out.append('</div>')
+    return "\n".join(out)
+
+
+def bundle(collector: Collector, include_displays: bool = True) -> dict:
+    """The static transcript as a mime bundle: text/plain and text/html."""
+    return {"text/plain": render_text(collector),
+            "text/html": render_html(collector, include_displays=include_displays)}
+
+
+__all__ = ["Splitter", "Tail", "Collector", "bundle", "render_text", "render_html", "chips_html",
+           "status_words", "headline", "FINAL_STATES", "RUNNING", "STARTING"]

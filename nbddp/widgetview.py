@@ -1,0 +1,185 @@
+"""Live ipywidgets view of a launch: a header with one status chip per rank, one pane per rank
+(its stdout and stderr, stderr highlighted, and its rich output), and an "all ranks" pane with
+lines interleaved in arrival order. Up to 8 shown ranks get tabs; more get a selector.
+
+The view is displayed as one output whose bundle carries the widget *and* a text/plain and
+text/html transcript (nbddp/transcript.py) under a display_id, updated at the end: JupyterLab
+shows the widget, GitHub/nbviewer/papermill output shows the transcript.
+
+Bounded: each pane holds the last TAIL_LINES lines (with an "N earlier lines hidden" marker and
+the full log's path); widget updates are sent from ``tick`` only, at most every PANE_INTERVAL_S
+per pane and within a byte budget per tick, so a flooding rank costs the front end a few
+hundred kB a second at most.
+"""
+from __future__ import annotations
+
+import html
+import time
+
+import ipywidgets as W
+from IPython.display import display as ipy_display
+
+from . import transcript
+from .transcript import Collector
+
+TAB_LIMIT = 8            # more shown ranks than this: a dropdown instead of a tab strip
+PANE_INTERVAL_S = 0.25   # a pane is re-sent at most 4 times a second
+HEADER_INTERVAL_S = 0.5
+TICK_BUDGET = 400_000    # characters of pane HTML sent per tick, at most (a pane due is always sent)
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+_BOX = ("max-height:26em;overflow:auto;display:flex;flex-direction:column-reverse;"
+        "border:1px solid #ddd;border-radius:3px;padding:2px 6px;background:#fcfcfc")
+
+
+class _Pane:
+    def __init__(self, title: str):
+        self.title = title
+        self.text = W.HTML(value="")
+        self.marker = W.HTML(value="")
+        self.rich = W.Output()
+        self.box = W.VBox([self.marker, self.text, self.rich])
+        self.dirty = False
+        self.pushed_at = 0.0
+
+
+class WidgetView:
+    """A Launch sink that draws the live widget view (and leaves a static transcript)."""
+
+    def __init__(self, spec, publish=None):
+        self.spec = spec
+        self.c = Collector(spec)
+        self._publish = publish or ipy_display
+        self.handle = None
+        self.header = W.HTML(value="")
+        self.info = W.HTML(value="")
+        self.panes: dict = {}
+        self.root = None
+        self._header_dirty = True
+        self._header_at = 0.0
+        self.updates_sent = 0   # pane updates sent to the front end (for tests and budgets)
+
+    # ------------------------------------------------------------ building
+    def _build(self):
+        shown = sorted(self.c.tails)
+        self.panes = {"all": _Pane("all ranks")}
+        for r in shown:
+            self.panes[r] = _Pane(f"rank {r}")
+        order = [r for r in shown] + ["all"]
+        boxes = [self.panes[k].box for k in order]
+        titles = [self.panes[k].title for k in order]
+        if len(shown) <= TAB_LIMIT:
+            body = W.Tab(children=boxes)
+            body.titles = tuple(titles)
+            self.selector = body
+        else:
+            stack = W.Stack(children=boxes, selected_index=0)
+            pick = W.Dropdown(options=[(t, i) for i, t in enumerate(titles)], value=0,
+                              description="show", layout=W.Layout(width="16em"))
+            W.jslink((pick, "value"), (stack, "selected_index"))
+            body = W.VBox([pick, stack])
+            self.selector = pick
+        self.body = body
+        self.root = W.VBox([self.header, self.info, body])
+        self.root.add_class("nbddp-view")
+
+    def _bundle(self, final: bool) -> dict:
+        data = transcript.bundle(self.c, include_displays=True) if final else {
+            "text/plain": f"nbddp: {self.c.result.world_size} ranks running (live view: ipywidgets); "
+                          f"logs in {self.c.result.log_dir}"}
+        data[WIDGET_MIME] = {"version_major": 2, "version_minor": 0, "model_id": self.root.model_id}
+        return data
+
+    # ------------------------------------------------------------- events
+    def launch_started(self, result, spec, backend):
+        self.c.launch_started(result, spec, backend)
+        self._build()
+        shape = f"{spec.nnodes} node{'s' if spec.nnodes > 1 else ''} × {spec.nproc_per_node}"
+        hidden = "" if spec.ranks_shown is None else \
+            f", showing rank{'s' if len(spec.ranks_shown) > 1 else ''} {','.join(map(str, spec.ranks_shown))}"
+        self.info.value = (f'<span style="color:#666;font-size:12px">{result.world_size} ranks ({shape}), '
+                           f'backend {html.escape(backend)}, MASTER_PORT {result.master_port}{hidden}; '
+                           f'full logs in <code>{html.escape(result.log_dir)}</code></span>')
+        self._push_header()
+        self.handle = self._publish(self._bundle(final=False), raw=True, display_id=True)
+
+    def rank_started(self, rank_result):
+        self._header_dirty = True
+
+    def output(self, rank: int, stream: str, data: bytes):
+        if self.c.output(rank, stream, data):
+            self.panes[rank].dirty = True
+            self.panes["all"].dirty = True
+
+    def display(self, rank: int, bundle: dict):
+        if not self.c.display(rank, bundle):
+            return
+        pane = self.panes[rank]
+        outputs = tuple(pane.rich.outputs) + ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+        pane.rich.outputs = outputs[-transcript.MAX_DISPLAYS:]
+
+    def note(self, text: str):
+        self.c.note(text)
+        pane = self.panes.get("all")
+        if pane is not None:
+            self.c.all.lines.append(("stderr", ("nbddp", text)))
+            self.c.all.total += 1
+            pane.dirty = True
+
+    def rank_exited(self, rank_result):
+        self.c.rank_exited(rank_result)
+        self._header_dirty = True
+        for key in (rank_result.rank, "all"):
+            if key in self.panes:
+                self.panes[key].dirty = True
+
+    def tick(self):
+        now = time.monotonic()
+        if now - self._header_at >= HEADER_INTERVAL_S and (
+                self._header_dirty or any(r.ended_at is None for r in self.c.result.ranks)):
+            self._push_header()
+        budget = TICK_BUDGET
+        due = [p for p in self.panes.values() if p.dirty and now - p.pushed_at >= PANE_INTERVAL_S]
+        due.sort(key=lambda p: p.pushed_at)
+        for i, pane in enumerate(due):
+            if budget <= 0 and i:
+                break
+            budget -= self._push_pane(pane, now)
+
+    def launch_finished(self, result):
+        self.c.launch_finished(result)
+        self._push_header()
+        now = time.monotonic()
+        for pane in self.panes.values():
+            self._push_pane(pane, now)
+        if self.handle is not None:
+            self.handle.update(self._bundle(final=True), raw=True)
+
+    # ------------------------------------------------------------ drawing
+    def _push_header(self):
+        self._header_dirty = False
+        self._header_at = time.monotonic()
+        result = self.c.result
+        done = all(r.ended_at is not None for r in result.ranks) and self.c.finished
+        self.header.value = (f'<div><b>{html.escape(transcript.headline(result, done))}</b></div>'
+                             f'<div style="display:flex;flex-wrap:wrap">{transcript.chips_html(result)}</div>')
+
+    def _push_pane(self, pane: _Pane, now: float) -> int:
+        key = next(k for k, p in self.panes.items() if p is pane)
+        if key == "all":
+            tail, body = self.c.all, transcript.lines_html(self.c.all.lines, with_rank=True)
+            log = self.c.result.log_dir
+        else:
+            tail = self.c.tails[key]
+            body = transcript.lines_html(tail.lines)
+            log = self.c.result.ranks[key].stdout_path or self.c.result.log_dir
+        hidden = tail.hidden
+        pane.marker.value = "" if not hidden else (
+            f'<div class="nbddp-hidden" style="color:#666;font-size:12px"><i>… {hidden} earlier '
+            f'line{"s" if hidden != 1 else ""} hidden; full log: <code>{html.escape(log)}</code></i></div>')
+        value = f'<div style="{_BOX}"><pre style="margin:0;font-size:12px">{body}</pre></div>'
+        pane.text.value = value
+        pane.dirty = False
+        pane.pushed_at = now
+        self.updates_sent += 1
+        return len(value)
