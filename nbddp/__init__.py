@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 from .api import run
+from .pool import Pool
 from .result import DDPError, DDPTimeout, RankResult, RunResult
 from .spec import LaunchSpec, make_spec, parse_line
 
-__all__ = ["run", "backend", "DDPError", "DDPTimeout", "RankResult", "RunResult", "LaunchSpec", "make_spec",
+__all__ = ["run", "backend", "Pool", "DDPError", "DDPTimeout", "RankResult", "RunResult", "LaunchSpec", "make_spec",
            "parse_line", "load_ipython_extension", "unload_ipython_extension"]
 __version__ = "0.1.0"
 

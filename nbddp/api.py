@@ -15,7 +15,7 @@ from .textview import TextView
 
 def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec | None = None,
         sinks=None, check: bool = True, cwd: str | None = None, env_base: dict | None = None,
-        **options):
+        push: dict | None = None, **options):
     """Run ``target`` (a cell's source text, or a callable) on ranked workers; returns RunResult.
 
     Options are those of ``%%ddp`` with underscores (``nproc_per_node=2, nnodes=2,
@@ -36,7 +36,7 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
     if sinks is None:
         sinks = [TextView(spec)]
     launch = Launch(spec, source=source, func=func, args=args, kwargs=kwargs, sinks=sinks,
-                    cwd=cwd, base_env=env_base)
+                    cwd=cwd, base_env=env_base, push=push)
     result = launch.run()
     if check:
         result.raise_for_status()

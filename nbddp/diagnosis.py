@@ -8,6 +8,8 @@ import signal
 
 from .result import OK
 
+NOT_TARGETED = "not targeted by this cell"
+
 _SIGNAL_WORDS = {
     signal.SIGSEGV: "crashed with SIGSEGV (segmentation fault)",
     signal.SIGABRT: "aborted (SIGABRT)",
@@ -114,9 +116,12 @@ def where_ranks_are(result, only=None) -> str:
             parts.append(f"rank {r.rank} blocked at {r.blocked_at}")
         elif r.state not in (OK,) and r.ended_at is None:
             parts.append(f"rank {r.rank} still running (no stack)")
-    finished = [r.rank for r in result.ranks if r.state == OK]
+    finished = [r.rank for r in result.ranks if r.state == OK and r.cause != NOT_TARGETED]
     if finished:
         parts.append(_plural("rank", finished) + " finished ok")
+    idle = [r.rank for r in result.ranks if r.cause == NOT_TARGETED]
+    if idle:
+        parts.append(_plural("rank", idle) + " not running this cell")
     return "; ".join(parts) + "." if parts else ""
 
 
@@ -170,3 +175,48 @@ def add_hints(result) -> None:
             continue
         text = (rank.exception or {}).get("message", "") + "\n" + rank.stderr[-65536:]
         rank.hint = hint_for(text)
+
+
+# ------------------------------------------------------ targeted pool cells
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_to_all",
+    "all_to_all_single", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list", "barrier",
+    "monitored_barrier", "init_process_group", "new_group", "destroy_process_group",
+    "DistributedDataParallel",
+})
+
+
+def collective_calls(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each call in ``source`` that every rank of the group must join."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in COLLECTIVES:
+                found.append((node.lineno, name))
+    return sorted(found)
+
+
+def collective_warning(source: str, targets, world_size: int) -> str | None:
+    """A warning when a cell aimed at some ranks calls a collective the others will never join."""
+    if len(set(targets)) >= world_size:
+        return None
+    calls = collective_calls(source)
+    if not calls:
+        return None
+    others = sorted(set(range(world_size)) - set(targets))
+    line, name = calls[0]
+    from .result import _ranges
+    return (f"warning: this cell runs on rank{'s' if len(targets) > 1 else ''} "
+            f"{_ranges([str(t) for t in targets])} only, but calls {name}() (cell line {line}), "
+            f"a collective that rank{'s' if len(others) > 1 else ''} "
+            f"{_ranges([str(o) for o in others])} will never join: it will hang "
+            f"(give --timeout to have it stopped and diagnosed)")

@@ -90,12 +90,14 @@ class Launch:
     """One launch of ``spec``: ``Launch(spec, source=...).run()`` returns a RunResult."""
 
     def __init__(self, spec: LaunchSpec, *, source: str | None = None, func=None, args=(),
-                 kwargs=None, sinks=(), cwd: str | None = None, base_env: dict | None = None):
+                 kwargs=None, sinks=(), cwd: str | None = None, base_env: dict | None = None,
+                 push: dict | None = None):
         if (source is None) == (func is None):
             raise TypeError("give exactly one of source or func")
         self.spec = spec
         self.source = source
         self.func = None if func is None else pack_callable(func, args, kwargs)
+        self.push = pack_names(push)
         self.sinks = list(sinks)
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -106,6 +108,7 @@ class Launch:
         self.last_output = time.monotonic()
         self.idle_warned = False
         self.result: RunResult | None = None
+        self.pool_mode = False  # a Pool's ranks serve many cells over a duplex control pipe
 
     # ----------------------------------------------------------------- public
     def run(self) -> RunResult:
@@ -162,7 +165,7 @@ class Launch:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             life_r, life_w = os.pipe()
-            ctl_r, ctl_w = ctx.Pipe(duplex=False)
+            ctl_r, ctl_w = ctx.Pipe(duplex=self.pool_mode)
             env = rank_env(spec, r, master_port=port, run_id=run_id,
                            error_file=os.path.join(log_dir, f"rank{r}.error.json"),
                            base_env=self.base_env)
@@ -171,7 +174,8 @@ class Launch:
                 "argv": [cell_path] + legacy_argv(spec, r) + list(spec.script_args),
                 "cell_path": cell_path, "source": self.source, "func": self.func,
                 "stack_path": rank.stack_path,
-                "pull": list(spec.pull), "backend": backend,
+                "pull": [name.split("@")[0] for name in spec.pull], "backend": backend, "push": self.push,
+                "pool": self.pool_mode,
                 "stdout": Connection(out_w, readable=False), "stderr": Connection(err_w, readable=False),
                 "lifeline": Connection(life_r, writable=False), "ctl": ctl_w,
             }
@@ -192,8 +196,12 @@ class Launch:
             self._emit("rank_started", res)
 
     # ------------------------------------------------------------------- loop
+    def _busy(self) -> bool:
+        """Keep pumping while this is true: a launch runs until every rank has ended."""
+        return any(rank.alive for rank in self.ranks)
+
     def _pump(self) -> None:
-        while any(rank.alive for rank in self.ranks):
+        while self._busy():
             for key, _ in self.selector.select(timeout=0.1):
                 kind, rank, stream = key.data
                 if kind == "out":
@@ -438,6 +446,25 @@ def pack_callable(func, args=(), kwargs=None) -> dict:
     lines = linecache.getlines(filename) if filename else []
     return {"payload": payload, "name": getattr(func, "__qualname__", repr(func)),
             "filename": filename, "lines": lines}
+
+
+def pack_names(values: dict | None) -> bytes | None:
+    """Serialize notebook values for ``--push`` once (not once per rank), naming any that fails."""
+    if not values:
+        return None
+    import dill
+
+    try:
+        return dill.dumps(dict(values), recurse=True)
+    except Exception:
+        pass
+    for name, value in values.items():  # find the one that cannot be sent, to name it
+        try:
+            dill.dumps(value, recurse=True)
+        except Exception as exc:
+            raise TypeError(f"nbddp: cannot push {name!r} ({type(value).__name__}) to the ranks: "
+                            f"{exc}") from None
+    raise TypeError("nbddp: the pushed values cannot be sent together")
 
 
 def _read_text(path: str) -> str:

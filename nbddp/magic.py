@@ -1,16 +1,27 @@
-"""The IPython side: ``%%ddp`` (and ``%load_ext nbddp``). Parses the line, checks the cell,
-picks a view, runs the launch, stores the result as ``_ddp`` and raises if any rank failed."""
+"""The IPython side: ``%%ddp`` and ``%ddp_pool``. Parses the line, checks the cell, picks a view,
+runs the cell (fresh job, or on the running pool), stores the result as ``_ddp``, moves
+``--push``/``--pull`` values, and raises if any rank failed."""
 from __future__ import annotations
 
-from IPython.core.magic import Magics, cell_magic, magics_class
+import shlex
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from . import api, views
-from .spec import parse_line
+from .spec import LaunchSpec, parse_line
+
+# Options that shape a job: a cell on a running pool cannot change them.
+_SHAPE_FIELDS = ("nproc_per_node", "nnodes", "master_addr", "master_port", "backend", "env",
+                 "legacy_launch", "start_method", "script_args", "launcher", "gpus")
+_POOL_USAGE = "usage: %ddp_pool start [%%ddp launch options] | status | restart | stop"
 
 
 @magics_class
 class DDPMagics(Magics):
     """``%%ddp [options] [-- script args]``: run the cell as a torchrun-style job."""
+
+    pool = None
 
     @cell_magic
     def ddp(self, line: str, cell: str):
@@ -18,10 +29,92 @@ class DDPMagics(Magics):
         if spec is None:  # -h
             return None
         api.compile_cell(cell)
-        sinks = views.make_sinks(spec, self.shell)
+        push = self._pushed(spec)
         # The magic's own line stays line 1, so line numbers match what the notebook shows.
         source = f"# %%ddp {line.strip()}\n{cell}"
-        result = api.run(source, spec=spec, sinks=sinks, check=False)
+        pool = self.pool if (self.pool is not None and self.pool.state != "stopped") else None
+        if pool is not None and not spec.fresh:
+            self._check_fits_pool(spec, pool.spec)
+            result = pool.run(source, ranks=spec.ranks_shown, timeout=spec.timeout, push=push,
+                              pull=[name.split("@")[0] for name in spec.pull],
+                              sinks=views.make_sinks(spec, self.shell), check=False)
+        else:
+            result = api.run(source, spec=spec, sinks=views.make_sinks(spec, self.shell),
+                             check=False, push=push)
         self.shell.user_ns["_ddp"] = result
+        self._pulled(spec, result)
         result.raise_for_status()
         return None
+
+    @line_magic
+    def ddp_pool(self, line: str):
+        """``%ddp_pool start -n 4 [options]`` · ``status`` · ``restart`` · ``stop``."""
+        from .pool import Pool
+
+        words = shlex.split(line)
+        if not words:
+            raise UsageError(f"%ddp_pool: {_POOL_USAGE}")
+        command, rest = words[0], " ".join(shlex.quote(w) for w in words[1:])
+        if command == "start":
+            if self.pool is not None and self.pool.state in ("ready", "running a cell"):
+                raise UsageError("%ddp_pool: a pool is already running; %ddp_pool stop it first, "
+                                 "or %ddp_pool restart")
+            spec = parse_line(rest)
+            if spec is None:
+                return None
+            if self.pool is not None:
+                self.pool.stop()  # a broken one: release what is left of it
+            if spec.launcher != "local":
+                raise UsageError("%ddp_pool: a pool runs on the local launcher only")
+            type(self).pool = Pool(spec).start()
+            print(self.pool.status())
+        elif command == "status":
+            print(self.pool.status() if self.pool is not None else "nbddp pool: none started")
+        elif command == "restart":
+            if self.pool is None:
+                raise UsageError("%ddp_pool: no pool to restart; %ddp_pool start -n N")
+            if rest:
+                spec = parse_line(rest)
+                self.pool.stop()
+                type(self).pool = Pool(spec).start()
+            else:
+                self.pool.restart()
+            print(self.pool.status())
+        elif command == "stop":
+            if self.pool is not None:
+                self.pool.stop()
+            print("nbddp pool: stopped")
+        else:
+            raise UsageError(f"%ddp_pool: unknown command {command!r}; {_POOL_USAGE}")
+        return None
+
+    # ------------------------------------------------------------- helpers
+    def _pushed(self, spec: LaunchSpec) -> dict:
+        values = {}
+        for name in spec.push:
+            if name not in self.shell.user_ns:
+                raise UsageError(f"%%ddp: --push {name}: no such name in the notebook")
+            values[name] = self.shell.user_ns[name]
+        return values
+
+    def _pulled(self, spec: LaunchSpec, result) -> None:
+        """``--pull x`` → ``x`` is a list indexed by rank; ``--pull x@0`` → rank 0's value."""
+        for item in spec.pull:
+            name, _, rank = item.partition("@")
+            if rank:
+                r = int(rank)
+                if not 0 <= r < result.world_size:
+                    raise UsageError(f"%%ddp: --pull {item}: rank {r} outside 0..{result.world_size - 1}")
+                self.shell.user_ns[name] = result.ranks[r].pulled.get(name)
+            else:
+                self.shell.user_ns[name] = [r.pulled.get(name) for r in result.ranks]
+
+    @staticmethod
+    def _check_fits_pool(spec: LaunchSpec, pool_spec: LaunchSpec) -> None:
+        default = LaunchSpec()
+        for field in _SHAPE_FIELDS:
+            value = getattr(spec, field)
+            if value != getattr(default, field) and value != getattr(pool_spec, field):
+                raise UsageError(f"%%ddp: a pool of {pool_spec.world_size} ranks is running, so "
+                                 f"--{field.replace('_', '-')} cannot change here; use --fresh for a "
+                                 f"separate job, or %ddp_pool restart with new options")

@@ -28,7 +28,7 @@ def entry(job: dict) -> None:
     try:
         _become_script(job)
         _send(ctl, ("started", os.getpid(), time.time()))
-        code = _run(job, ctl)
+        code = _serve(job, ctl) if job.get("pool") else _run(job, ctl)
     except BaseException as exc:  # setup failed: say so as plainly as possible
         try:
             os.write(2, f"nbddp: worker setup failed: {exc!r}\n".encode())
@@ -127,10 +127,7 @@ def _watch_lifeline(conn) -> None:
 
 
 def _run(job: dict, ctl) -> int:
-    main = types.ModuleType("__main__")
-    main.__file__ = job["cell_path"]
-    main.__builtins__ = __builtins__
-    sys.modules["__main__"] = main
+    main = _new_main(job["cell_path"])
     try:
         if job.get("func") is not None:
             import dill
@@ -141,18 +138,76 @@ def _run(job: dict, ctl) -> int:
             func, args, kwargs = dill.loads(packed["payload"])
             _send_value(ctl, func(*args, **kwargs))
         else:
-            source = job["source"]
-            linecache.cache[job["cell_path"]] = (len(source), None, source.splitlines(True), job["cell_path"])
-            code = compile(source, job["cell_path"], "exec")
-            exec(code, main.__dict__)
-            if job.get("pull"):
-                _send_pulled(ctl, main.__dict__, job["pull"])
+            _exec_source(job, main, ctl)
         return 0
     except SystemExit as exc:
         return _exit_code(exc)
     except BaseException as exc:  # the user's error: print like Python would, and report it
         _report(ctl, exc, job["cell_path"])
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def _new_main(cell_path: str) -> types.ModuleType:
+    main = types.ModuleType("__main__")
+    main.__file__ = cell_path
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    return main
+
+
+def _exec_source(cell: dict, main: types.ModuleType, ctl) -> None:
+    """Run one cell's source in ``main``: pushed names first, pulled names sent back after."""
+    if cell.get("push"):
+        import dill
+
+        main.__dict__.update(dill.loads(cell["push"]))
+    source, path = cell["source"], cell["cell_path"]
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+    exec(compile(source, path, "exec"), main.__dict__)
+    if cell.get("pull"):
+        _send_pulled(ctl, main.__dict__, cell["pull"])
+
+
+def _serve(job: dict, ctl) -> int:
+    """A pool rank: run cell after cell in one ``__main__``, keeping state and the process group.
+
+    SIGINT raises KeyboardInterrupt only while a cell runs; one that arrives between cells (it
+    was meant for the cell that just ended) is ignored, so it cannot break the control pipe."""
+    main = _new_main(job["cell_path"])
+    state = {"in_cell": False}
+
+    def on_sigint(signum, frame):
+        if state["in_cell"]:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    while True:
+        try:
+            message = ctl.recv()
+        except (EOFError, OSError):
+            return 0
+        if message[0] != "exec":
+            return 0
+        cell = message[1]
+        main.__file__ = cell["cell_path"]
+        status = "ok"
+        try:
+            try:
+                state["in_cell"] = True
+                _exec_source(cell, main, ctl)
+            finally:
+                state["in_cell"] = False
+        except SystemExit as exc:  # leaving a pool rank ends that worker, as in a script
+            return _exit_code(exc)
+        except BaseException as exc:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+            _report(ctl, exc, cell["cell_path"])
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        _send(ctl, ("done", status))
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -173,7 +228,10 @@ def _user_traceback(exc: BaseException):
 
 def _report(ctl, exc: BaseException, cell_path: str) -> None:
     tb = _user_traceback(exc)
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    report = traceback.TracebackException(type(exc), exc, tb)
+    for part in _chain(report):  # nbddp's own frames (e.g. the SIGINT handler) are noise here
+        part.stack[:] = [f for f in part.stack if f.filename != __file__]
+    text = "".join(report.format())
     sys.stderr.write(text)
     sys.stderr.flush()
     line = None
@@ -182,6 +240,14 @@ def _report(ctl, exc: BaseException, cell_path: str) -> None:
             line = lineno
     _send(ctl, ("exception", {"type": type(exc).__name__, "message": str(exc),
                               "traceback": text, "cell_line": line}))
+
+
+def _chain(report):
+    seen = []
+    while report is not None and report not in seen:
+        seen.append(report)
+        report = report.__cause__ or report.__context__
+    return seen
 
 
 def _send_value(ctl, value) -> None:

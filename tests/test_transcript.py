@@ -1,0 +1,108 @@
+"""The static transcript (pure): bounded tails, splitting, text/plain and text/html rendering."""
+import html
+import re
+
+from nbddp import transcript
+from nbddp.result import FAILED, OK, RankResult, RunResult
+from nbddp.spec import make_spec
+
+
+def _result(n, states=None, log_dir="/tmp/logs"):
+    ranks = []
+    for r in range(n):
+        rr = RankResult(rank=r, local_rank=r, node_rank=0, started_at=100.0, ended_at=101.5,
+                        state=(states or {}).get(r, OK), stdout_path=f"{log_dir}/rank{r}.stdout")
+        rr.exitcode = 0 if rr.state == OK else 1
+        ranks.append(rr)
+    return RunResult(ranks=ranks, world_size=n, log_dir=log_dir, started_at=100.0, ended_at=101.6)
+
+
+def _collector(spec, result):
+    c = transcript.Collector(spec)
+    c.launch_started(result, spec, "gloo")
+    return c
+
+
+def test_splitter_keeps_utf8_whole_across_chunks_and_bounds_long_lines():
+    s = transcript.Splitter(limit=10)
+    data = "é\n".encode()
+    assert s.feed(data[:1]) == [] and s.feed(data[1:]) == ["é"]
+    # a 1 MB line arriving in pieces keeps only `limit` characters and says how many it dropped
+    for _ in range(16):
+        assert s.feed(b"x" * 65536) == []
+    assert len(s._partial) <= 10
+    (line,) = s.feed(b"\n")
+    assert line.startswith("x" * 10) and f"[{16 * 65536 - 10} more characters]" in line
+    assert s.feed(b"tail") == [] and s.flush() == ["tail"] and s.flush() == []
+
+
+def test_tail_is_bounded_and_counts_hidden_lines():
+    t = transcript.Tail(size=5)
+    t.add("stdout", [str(i) for i in range(3)])
+    t.add("stderr", [str(i) for i in range(3, 12)])
+    assert t.total == 12 and t.hidden == 7
+    assert [x for _, x in t.lines] == ["7", "8", "9", "10", "11"]
+
+
+def test_text_and_html_carry_every_rank_status_and_output_with_stderr_distinct():
+    spec = make_spec(n=2)
+    c = _collector(spec, _result(2, {1: FAILED}))
+    c.result.ranks[1].cause = "ValueError: boom"
+    c.output(0, "stdout", b"hello from zero\n")
+    c.output(1, "stderr", b"Traceback <bad> & more\n")
+    c.output(1, "stdout", b"no newline at end")
+    for r in c.result.ranks:
+        c.rank_exited(r)
+    c.launch_finished(c.result)
+    b = transcript.bundle(c)
+    text, page = b["text/plain"], b["text/html"]
+    assert "rank 0: ok 1.5 s exit 0" in text and "rank 1: failed 1.5 s exit 1 — ValueError: boom" in text
+    assert "--- rank 0 (1 line) ---\nhello from zero\n" in text
+    assert "stderr| Traceback <bad> & more" in text and "no newline at end" in text
+    assert "1 not ok (failed)" in text.splitlines()[0]
+    # html: escaped, stderr in its own styled span, one section per rank, chips with states
+    assert "Traceback &lt;bad&gt; &amp; more" in page and "<bad>" not in page
+    assert re.search(r'<span class="nbddp-stderr" style="[^"]+">Traceback', page)
+    assert "hello from zero" in page and 'class="nbddp-stderr"' not in page.split("hello from zero")[0].split("<pre")[-1]
+    assert page.count("<details") == 2
+    assert "nbddp-chip nbddp-ok" in page and "nbddp-chip nbddp-failed" in page
+    assert html.escape("ValueError: boom") in page
+
+
+def test_hidden_marker_and_log_path_after_a_flood():
+    spec = make_spec(n=1)
+    c = _collector(spec, _result(1))
+    chunk = b"".join(b"line %d\n" % i for i in range(200_000))
+    for i in range(0, len(chunk), 65536):
+        c.output(0, "stdout", chunk[i:i + 65536])
+    c.launch_finished(c.result)
+    assert c.tails[0].total == 200_000 and len(c.tails[0].lines) == transcript.TAIL_LINES
+    b = transcript.bundle(c)
+    hidden = 200_000 - transcript.TRANSCRIPT_LINES
+    assert f"… {hidden} earlier lines hidden (full log: /tmp/logs/rank0.stdout)" in b["text/plain"]
+    assert f"{hidden} earlier lines hidden" in b["text/html"] and "line 199999" in b["text/html"]
+    assert "line 199799\n" not in b["text/plain"] and "line 199800\n" in b["text/plain"]
+    assert len(b["text/html"]) < 100_000 and len(b["text/plain"]) < 100_000
+
+
+def test_ranks_shown_filters_sections_but_keeps_every_status():
+    spec = make_spec(n=3, ranks_shown=(0, 2))
+    c = _collector(spec, _result(3))
+    for r in range(3):
+        c.output(r, "stdout", f"out {r}\n".encode())
+    c.launch_finished(c.result)
+    text = transcript.render_text(c)
+    assert "--- rank 0" in text and "--- rank 2" in text and "--- rank 1" not in text
+    assert "out 1" not in text and "rank 1: ok" in text
+
+
+def test_displays_rendered_in_html():
+    spec = make_spec(n=1)
+    c = _collector(spec, _result(1))
+    c.display(0, {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"})
+    c.display(0, {"text/html": "<table><tr><td>1</td></tr></table>", "text/plain": "df"})
+    c.launch_finished(c.result)
+    page = transcript.render_html(c)
+    assert '<img src="data:image/png;base64,iVBORw0KGgo="/>' in page and "<table><tr><td>1</td></tr></table>" in page
+    assert "[2 rich outputs]" in transcript.render_text(c)
+    assert "<img" not in transcript.render_html(c, include_displays=False)
