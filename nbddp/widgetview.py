@@ -74,9 +74,8 @@ class WidgetView:
             self.selector = body
         else:
             stack = W.Stack(children=boxes, selected_index=0)
-            pick = W.Dropdown(options=[(t, i) for i, t in enumerate(titles)], value=0,
-                              description="show", layout=W.Layout(width="16em"))
-            W.jslink((pick, "value"), (stack, "selected_index"))
+            pick = W.Dropdown(options=titles, index=0, description="show", layout=W.Layout(width="16em"))
+            W.jslink((pick, "index"), (stack, "selected_index"))  # in the browser, while the cell runs
             body = W.VBox([pick, stack])
             self.selector = pick
         self.body = body
