@@ -62,7 +62,9 @@ def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:
 
 def blocked_at(stack_text: str, cell_path: str, source: str | None) -> str | None:
     """Where the rank's main code is: 'cell line 4: dist.all_reduce(t) (in all_reduce)'."""
-    threads = parse_stacks(stack_text)
+    # The main thread first: faulthandler lists the newest thread first, and a thread the cell
+    # started (its outermost frame threading's _bootstrap) is not where the rank is blocked.
+    threads = sorted(parse_stacks(stack_text), key=_started_thread)
     for frames in threads:
         for index, (file, line, func) in enumerate(frames):
             if file != cell_path:
@@ -80,6 +82,10 @@ def blocked_at(stack_text: str, cell_path: str, source: str | None) -> str | Non
             file, line, func = frames[0]
             return f"{func} ({os.path.basename(file)}:{line})"
     return None
+
+
+def _started_thread(frames) -> bool:
+    return bool(frames) and frames[-1][2] == "_bootstrap" and frames[-1][0].endswith("threading.py")
 
 
 def _innermost_library_call(frames) -> str | None:
@@ -140,7 +146,10 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "or end the job that holds it."),
     (re.compile(r"Default process group has not been initialized", re.I),
      "call dist.init_process_group(...) before any collective or get_rank()/get_world_size()."),
-    (re.compile(r"mismatch between collectives|Detected mismatch|preamble\.length|"
+    (re.compile(r"Detected mismatch between collectives", re.I),
+     "the ranks called different collectives (or with different shapes): the message names each "
+     "rank's call; every rank must make the same collective calls in the same order."),
+    (re.compile(r"mismatch between collectives|preamble\.length|"
                 r"op\.preamble|Mismatch in (sizes|tensor)", re.I),
      "the ranks called different collectives (or with different shapes); rerun with "
      "--env TORCH_DISTRIBUTED_DEBUG=DETAIL to see which."),
@@ -150,10 +159,16 @@ HINTS: list[tuple[re.Pattern, str]] = [
     (re.compile(r"invalid device ordinal|Duplicate GPU detected|device not set", re.I),
      "each rank must use its own GPU: torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) "
      "before creating tensors or the process group."),
+    (re.compile(r"doesn't have NCCL built in|NCCL support is not compiled|"
+                r"Torch not compiled with CUDA enabled|has no attribute '_cuda_", re.I),
+     "this torch has no CUDA (or no NCCL): use the gloo backend, e.g. "
+     "dist.init_process_group(nbddp.backend()) picks gloo without GPUs."),
     (re.compile(r"Connection closed by peer|Connection reset by peer|"
                 r"connection reset|Broken pipe", re.I),
-     "another rank exited (or crashed) while this one waited in a collective with it; look at the "
-     "rank that failed first."),
+     "another rank ended (crashed, exited or simply finished) while this one waited in a "
+     "collective with it: every rank must make the same collective calls, in the same order and "
+     "with the same shapes (--env TORCH_DISTRIBUTED_DEBUG=DETAIL checks that); if a rank failed, "
+     "its error comes first."),
     (re.compile(r"timed out.*(collective|wait|store)|Socket Timeout|Timed out waiting", re.I),
      "a rank never reached the matching collective (or rendezvous); check for collectives inside "
      "`if rank == 0:` and for ranks that exited early."),
