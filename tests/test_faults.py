@@ -346,3 +346,27 @@ def test_kernel_shutdown_while_a_cell_runs_leaves_no_worker(tmp_path, now):
     finally:
         if k.km.is_alive():
             k.km.shutdown_kernel(now=True)
+
+
+def test_child_in_its_own_session_is_outside_the_guarantee_but_does_not_hang_the_cell(kernel):
+    """nbddp ends each rank's process group. A child that leaves it (start_new_session=True,
+    setsid, a daemon) is not ended, as with torchrun; it must not block the cell either, even
+    while it holds the rank's stdout open. (Documented in the README.)"""
+    reply = kernel.execute("""%%ddp -n 2
+import subprocess
+p = subprocess.Popen(["sleep", "300"], start_new_session=True)
+print("PID", p.pid, flush=True)
+""", timeout=60)
+    escaped = printed_pids(reply.stdout)
+    try:
+        assert not reply.error, report(reply)
+        assert len(escaped) == 2, reply.text
+        assert reply.elapsed < 10, f"the cell waited {reply.elapsed:.1f} s for an escaped child"
+        assert alive(escaped) == escaped  # the documented limit: nbddp does not reach them
+        assert_recovered(kernel, rank_pids(kernel))
+    finally:
+        for pid in escaped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
