@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 
 from . import api, views
 from .spec import LaunchSpec, parse_line
@@ -32,8 +32,15 @@ class DDPMagics(Magics):
         push = self._pushed(spec)
         # The magic's own line stays line 1, so line numbers match what the notebook shows.
         source = f"# %%ddp {line.strip()}\n{cell}"
+        type(self).last_cell = (line, cell)  # for %ddp_export
+        if spec.export:
+            from . import export
+            export.export_cell(spec.export, cell, line, spec)
         pool = self.pool if (self.pool is not None and self.pool.state != "stopped") else None
-        if pool is not None and not spec.fresh:
+        if spec.launcher == "torchrun":  # torch's elastic launcher runs the cell (nbddp/elastic.py)
+            from . import elastic
+            result = elastic.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))
+        elif pool is not None and not spec.fresh:
             self._check_fits_pool(spec, pool.spec)
             result = pool.run(source, ranks=spec.ranks_shown, timeout=spec.timeout, push=push,
                               pull=[name.split("@")[0] for name in spec.pull],
@@ -44,6 +51,27 @@ class DDPMagics(Magics):
         self.shell.user_ns["_ddp"] = result
         self._pulled(spec, result)
         result.raise_for_status()
+        return None
+
+    last_cell = None
+
+    @line_cell_magic
+    def ddp_export(self, line: str, cell: str | None = None):
+        """``%ddp_export script.py [%%ddp options]``: write the last %%ddp cell (or this cell,
+        as ``%%ddp_export script.py -n 4``) as a torchrun script and print the torchrun commands."""
+        from . import export
+
+        words = shlex.split(line)
+        if not words:
+            raise UsageError("%ddp_export: usage: %ddp_export SCRIPT.py [%%ddp options]")
+        path, options = words[0], shlex.join(words[1:])
+        if cell is None:
+            if self.last_cell is None:
+                raise UsageError("%ddp_export: no %%ddp cell has run yet; run one, or use "
+                                 "%%ddp_export SCRIPT.py [options] with the cell below")
+            last_line, cell = self.last_cell
+            options = options or last_line
+        export.export_cell(path, cell, options)
         return None
 
     @line_magic

@@ -1,0 +1,520 @@
+"""``%%ddp --launcher torchrun``: the cell runs under torch's own elastic launcher.
+
+The cell is written as a script in the launch's log folder and ``python -m torch.distributed.run``
+runs it (in its own session, so nothing it starts can outlive the cell). This is how one
+notebook joins a real multi-node job: every node runs the same torchrun with the same
+``--rdzv-endpoint`` (c10d rendezvous) or ``--master-addr/--master-port`` (static).
+
+torchrun's ``--tee 3`` copies every rank's output to its own with a ``[rankN]:`` prefix; nbddp
+reads it back per rank and sends the same events as the local launcher (``launch_started``,
+``rank_started``, ``output``, ``note``, ``tick``, ``rank_exited``, ``launch_finished``), so the
+display, ``_ddp`` and the errors are the same. Each rank runs through ``nbddp.elastic_rank``,
+which leaves its pid, exception and exit code in a status file.
+"""
+from __future__ import annotations
+
+import atexit
+import glob
+import json
+import math
+import os
+import re
+import selectors
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from IPython.core.error import UsageError
+
+from . import diagnosis, placement
+from .elastic_rank import PREFIX_VAR, STATUS_DIR_VAR
+from .launcher import new_log_dir
+from .result import (FAILED, INTERRUPTED, KILLED, OK, RUNNING, TERMINATED, TIMED_OUT, RankResult,
+                     RunResult)
+from .spec import LaunchSpec
+
+TERM_GRACE_S = 2.0
+INTERRUPT_GRACE_S = 1.0
+DRAIN_LIMIT_S = 3.0
+_PREFIX = re.compile(rb"^\[rank(\d+)\]:")
+_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+_live_lock = threading.Lock()
+_live: set["ElasticLaunch"] = set()
+
+
+def _kill_all_live() -> None:
+    with _live_lock:
+        launches = list(_live)
+    for launch in launches:
+        launch.kill_now()
+
+
+atexit.register(_kill_all_live)
+
+
+def torchrun_options(spec: LaunchSpec, node_rank: int | None = None) -> list[str]:
+    """torchrun's options for ``spec`` (one node's view: ``node_rank`` where it matters)."""
+    opts = [f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.nproc_per_node}"]
+    if node_rank is None:
+        node_rank = spec.node_rank
+    if spec.rdzv_endpoint:
+        opts += [f"--rdzv-backend={spec.rdzv_backend}", f"--rdzv-endpoint={spec.rdzv_endpoint}"]
+        if spec.rdzv_id:
+            opts.append(f"--rdzv-id={spec.rdzv_id}")
+        if node_rank is not None:
+            opts.append(f"--node-rank={node_rank}")
+        if spec.rdzv_timeout:
+            opts.append(f"--rdzv-conf=join_timeout={math.ceil(spec.rdzv_timeout)}")
+    elif spec.nnodes == 1 and spec.master_port is None:
+        opts.append("--standalone")
+        if spec.rdzv_timeout:
+            opts.append(f"--rdzv-conf=join_timeout={math.ceil(spec.rdzv_timeout)}")
+    else:
+        if spec.master_port is None:
+            raise UsageError(f"%%ddp: --nnodes {spec.nnodes} with --launcher torchrun needs a meeting point "
+                             "every node can reach: --rdzv-endpoint HOST:PORT (c10d), or "
+                             "--master-addr HOST --master-port PORT with --node-rank")
+        if spec.nnodes > 1 and node_rank is None:
+            raise UsageError("%%ddp: with --master-addr/--master-port (static rendezvous) each node needs "
+                             f"its --node-rank (0..{spec.nnodes - 1}); or use --rdzv-endpoint HOST:PORT")
+        opts += [f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
+                 f"--node-rank={node_rank or 0}"]
+        if spec.rdzv_timeout:
+            opts.append(f"--rdzv-conf=timeout={math.ceil(spec.rdzv_timeout)}")
+    if spec.max_restarts:
+        opts.append(f"--max-restarts={spec.max_restarts}")
+    return opts
+
+
+def _agent_preexec() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # the kernel dies → torchrun is told
+    except Exception:
+        pass
+
+
+class ElasticLaunch:
+    """One launch through torchrun: ``ElasticLaunch(spec, source=...).run()`` → RunResult."""
+
+    def __init__(self, spec: LaunchSpec, *, source: str, sinks=(), cwd: str | None = None,
+                 base_env: dict | None = None, device_count: int | None = None):
+        if spec.push or spec.pull:
+            raise UsageError("%%ddp: --push/--pull move values between the notebook and the local "
+                             "launcher's ranks; with --launcher torchrun, save and load files instead")
+        self.spec = spec
+        self.source = source
+        self.sinks = list(sinks)
+        self.cwd = os.path.abspath(cwd or os.getcwd())
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.device_count = placement.cuda_device_count() if device_count is None else device_count
+        self.placement = placement.plan(spec, self.device_count, self.base_env)
+        self.options = torchrun_options(spec)  # UsageError here, before anything starts
+        self.proc: subprocess.Popen | None = None
+        self.ranks: dict[int, RankResult] = {}
+        self.confirmed: set[int] = set()
+        self.seen: dict[int, dict] = {}       # rank → its last status file
+        self.logs: dict[tuple[int, str], object] = {}
+        self.buffers = {"stdout": b"", "stderr": b""}
+        self.agent_lines: list[str] = []
+        self.stopped_by_us: str | None = None
+        self.kill_deadline: float | None = None
+        self.last_output = time.monotonic()
+        self.idle_warned = False
+        self.result: RunResult | None = None
+
+    # ----------------------------------------------------------------- public
+    def command(self, cell_path: str) -> list[str]:
+        return ([sys.executable, "-m", "torch.distributed.run"] + self.options +
+                ["--tee=3", f"--log-dir={os.path.join(self.result.log_dir, 'torchrun')}",
+                 "-m", "nbddp.elastic_rank", cell_path] + list(self.spec.script_args))
+
+    def run(self) -> RunResult:
+        spec = self.spec
+        log_dir = new_log_dir(spec.log_dir)
+        self.status_dir = os.path.join(log_dir, "status")
+        os.makedirs(self.status_dir, exist_ok=True)
+        cell_path = os.path.join(log_dir, "cell.py")
+        with open(cell_path, "w") as f:
+            f.write(self.source)
+        self.cell_path = cell_path
+        port = None
+        if spec.rdzv_endpoint and ":" in spec.rdzv_endpoint:
+            port = int(spec.rdzv_endpoint.rsplit(":", 1)[1])
+        elif spec.master_port:
+            port = spec.master_port
+        self.result = RunResult(ranks=[], world_size=spec.world_size, log_dir=log_dir,
+                                master_port=port, started_at=time.time())
+        node = spec.node_rank or 0  # this node's ranks, numbered as torchrun will (c10d may renumber)
+        for local in range(spec.nproc_per_node):
+            self._rank(node * spec.nproc_per_node + local, local, node)
+        env = dict(self.base_env)
+        env.update(dict(self.placement.env))
+        env.update(dict(spec.env))
+        env[PREFIX_VAR] = "[rank${rank}]:"
+        env[STATUS_DIR_VAR] = self.status_dir
+        cmd = self.command(cell_path)
+        with open(os.path.join(log_dir, "torchrun-command.txt"), "w") as f:
+            f.write(shlex.join(cmd) + "\n")
+        self._emit("launch_started", self.result, spec, self.placement.backend)
+        with _live_lock:
+            _live.add(self)
+        try:
+            try:
+                self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             preexec_fn=_agent_preexec)
+                self._pump()
+            except KeyboardInterrupt:
+                self._interrupt()
+        finally:
+            self._cleanup()
+            with _live_lock:
+                _live.discard(self)
+        self._finish()
+        self.result.ended_at = time.time()
+        diagnosis.add_hints(self.result)
+        self._emit("launch_finished", self.result)
+        return self.result
+
+    def kill_now(self) -> None:
+        """SIGKILL torchrun and every rank it started (each rank has its own session)."""
+        for pid in self._rank_pids():
+            _killpg(pid, signal.SIGKILL)
+        if self.proc is not None and self.proc.poll() is None:
+            _killpg(self.proc.pid, signal.SIGKILL)
+
+    # ----------------------------------------------------------------- ranks
+    def _rank(self, rank: int, local_rank: int, node_rank: int, confirmed: bool = False) -> RankResult:
+        """The RankResult for ``rank``. Before the rendezvous the global ranks of this node are
+        guesses (c10d assigns them); a rank's status file confirms and, if need be, renumbers."""
+        res = self.ranks.get(rank)
+        if res is None and confirmed:
+            guess = next((r for r in self.ranks.values()
+                          if r.local_rank == local_rank and r.rank not in self.confirmed), None)
+            if guess is not None:
+                del self.ranks[guess.rank]
+                guess.rank, guess.node_rank = rank, node_rank
+                res = self.ranks[rank] = guess
+        if res is None:
+            res = RankResult(rank=rank, local_rank=local_rank, node_rank=node_rank)
+            self.ranks[rank] = res
+        if confirmed:
+            self.confirmed.add(rank)
+        log_dir = self.result.log_dir
+        res.stdout_path = os.path.join(log_dir, f"rank{rank}.stdout")
+        res.stderr_path = os.path.join(log_dir, f"rank{rank}.stderr")
+        self.result.ranks = [self.ranks[r] for r in sorted(self.ranks)]
+        return res
+
+    def _log(self, rank: int, stream: str):
+        log = self.logs.get((rank, stream))
+        if log is None:
+            log = self.logs[(rank, stream)] = open(os.path.join(self.result.log_dir, f"rank{rank}.{stream}"), "ab")
+        return log
+
+    def _rank_pids(self) -> list[int]:
+        return [s["pid"] for s in self.seen.values() if "exitcode" not in s and s.get("pid")]
+
+    def _scan_status(self) -> None:
+        for path in glob.glob(os.path.join(self.status_dir, "rank*.json")):
+            try:
+                with open(path) as f:
+                    status = json.load(f)
+            except (OSError, ValueError):
+                continue
+            r = status["rank"]
+            old = self.seen.get(r)
+            if old == status:
+                continue
+            self.seen[r] = status
+            res = self._rank(r, status["local_rank"], status["node_rank"], confirmed=True)
+            res.local_rank, res.node_rank = status["local_rank"], status["node_rank"]
+            if old is None or old.get("restart") != status.get("restart") or old.get("pid") != status["pid"]:
+                if old is not None:
+                    self._note(f"rank {r} restarted by torchrun (restart {status.get('restart')})")
+                res.pid, res.state, res.started_at = status["pid"], RUNNING, status["started_at"]
+                res.exitcode = res.ended_at = None
+                res.exception, res.cause = None, ""
+                self._emit("rank_started", res)
+            if "exitcode" in status and (old is None or "exitcode" not in old):
+                res.exception = status.get("exception")
+                self._end_rank(res, status["exitcode"], status.get("ended_at"))
+
+    def _end_rank(self, res: RankResult, code: int | None, ended_at: float | None = None) -> None:
+        res.exitcode, res.ended_at = code, ended_at or time.time()
+        if code == 0:
+            res.state, res.cause = OK, ""
+        elif self.stopped_by_us == "timeout":
+            res.state = TIMED_OUT
+        elif self.stopped_by_us == "interrupt":
+            res.state, res.cause = INTERRUPTED, "stopped by the interrupt"
+        elif code is not None and code < 0:
+            others_failed = any(r.state == FAILED for r in self.ranks.values() if r is not res)
+            if others_failed and code in (-signal.SIGTERM, -signal.SIGKILL):
+                res.state, res.cause = TERMINATED, "stopped by torchrun after another rank failed"
+            else:
+                res.state, res.cause = KILLED, diagnosis.describe_signal(-code)
+        else:
+            res.state, res.cause = FAILED, diagnosis.describe_failure(res.exception, code)
+        self._emit("rank_exited", res)
+
+    # ------------------------------------------------------------------ loop
+    def _pump(self) -> None:
+        sel = selectors.DefaultSelector()
+        streams = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
+        for fd in streams:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ, streams[fd])
+        self._selector, self._streams = sel, streams
+        while self.proc.poll() is None:
+            self._read_some(0.1)
+            self._scan_status()
+            self._check_clock()
+            self._emit("tick")
+        self._drain()
+
+    def _read_some(self, timeout: float) -> None:
+        for key, _ in self._selector.select(timeout=timeout):
+            try:
+                data = os.read(key.fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._selector.unregister(key.fd)
+                del self._streams[key.fd]
+                continue
+            self._feed(key.data, data)
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + DRAIN_LIMIT_S
+        while self._streams and time.monotonic() < deadline:
+            self._read_some(0.05)
+        for stream, rest in self.buffers.items():
+            if rest:
+                self._line(stream, rest + b"\n")
+            self.buffers[stream] = b""
+        self._selector.close()
+        self._scan_status()
+
+    def _feed(self, stream: str, data: bytes) -> None:
+        data = self.buffers[stream] + data
+        *lines, self.buffers[stream] = data.split(b"\n")
+        for line in lines:
+            self._line(stream, line + b"\n")
+
+    def _line(self, stream: str, line: bytes) -> None:
+        match = _PREFIX.match(line)
+        if match is None:  # torchrun's own words: kept in agent.log, summarised at the end
+            text = line.decode("utf-8", errors="replace")
+            self.agent_lines.append(text)
+            with open(os.path.join(self.result.log_dir, "agent.log"), "a") as f:
+                f.write(text)
+            return
+        rank = int(match.group(1))
+        payload = line[match.end():]
+        if rank not in self.confirmed:
+            self._scan_status()  # its status file names its local rank (written before any output)
+        if rank not in self.ranks:
+            self._rank(rank, rank % self.spec.nproc_per_node, rank // self.spec.nproc_per_node)
+        log = self._log(rank, stream)
+        log.write(payload)
+        log.flush()
+        self.last_output = time.monotonic()
+        self.idle_warned = False
+        self._emit("output", rank, stream, payload)
+
+    # ------------------------------------------------------------- stopping
+    def _check_clock(self) -> None:
+        now = time.monotonic()
+        if self.kill_deadline is not None and now >= self.kill_deadline:
+            self.kill_now()
+            self.kill_deadline = None
+        spec = self.spec
+        if (spec.timeout is not None and self.stopped_by_us is None
+                and time.time() - self.result.started_at > spec.timeout):
+            self._collect_stacks()
+            self.result.timed_out = True
+            self._note(diagnosis.timeout_report(spec.timeout, self.result))
+            self._stop("timeout", TERM_GRACE_S)
+        elif (spec.idle_warning and not self.idle_warned and self.stopped_by_us is None
+              and self._rank_pids() and now - self.last_output > spec.idle_warning):
+            self.idle_warned = True
+            self._collect_stacks()
+            live = [self.ranks[r] for r, s in self.seen.items() if "exitcode" not in s]
+            self._note(diagnosis.idle_report(now - self.last_output, self.result, live))
+
+    def _collect_stacks(self) -> None:
+        asked = []
+        for r, status in self.seen.items():
+            if "exitcode" in status:
+                continue
+            path = os.path.join(self.status_dir, f"rank{r}.stacks")
+            try:
+                os.truncate(path, 0)
+                os.kill(status["pid"], signal.SIGUSR1)
+                asked.append((r, path))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 1.0
+        pending = list(asked)
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pending = [(r, p) for r, p in pending if not diagnosis.stack_complete(_read_text(p))]
+        for r, path in asked:
+            text = _read_text(path)
+            self.ranks[r].stack = text
+            self.ranks[r].blocked_at = diagnosis.blocked_at(text, self.cell_path, self.source)
+
+    def _stop(self, reason: str, grace: float) -> None:
+        """SIGTERM torchrun (which stops its ranks) and the ranks themselves; SIGKILL after grace."""
+        self.stopped_by_us = reason
+        if self.proc is not None and self.proc.poll() is None:
+            _killpg(self.proc.pid, signal.SIGTERM)
+        for pid in self._rank_pids():
+            _killpg(pid, signal.SIGTERM)
+        self.kill_deadline = time.monotonic() + grace
+
+    def _interrupt(self) -> None:
+        self.result.interrupted = True
+        self._stop("interrupt", INTERRUPT_GRACE_S)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S + 0.5
+        while self.proc is not None and self.proc.poll() is None:
+            try:
+                self._read_some(0.05)
+                self._check_clock()
+                if time.monotonic() > deadline:
+                    self.kill_now()
+            except KeyboardInterrupt:
+                self.kill_now()
+        self._note("interrupted: torchrun and all its ranks were stopped")
+
+    def _cleanup(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.kill_now()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            if getattr(self, "_selector", None) is not None and self._streams:
+                try:
+                    self._drain()
+                except Exception:
+                    pass
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                pipe.close()
+        self._scan_status()
+        for pid in self._rank_pids():  # a rank torchrun could not stop (it ignored SIGTERM)
+            _killpg(pid, signal.SIGKILL)
+        if _pg_alive(self.proc.pid if self.proc is not None else None):
+            _killpg(self.proc.pid, signal.SIGKILL)  # anything torchrun's session left behind
+        for log in self.logs.values():
+            log.close()
+
+    # ---------------------------------------------------------------- result
+    def _finish(self) -> None:
+        agent_text = "".join(self.agent_lines)
+        rc = self.proc.returncode if self.proc is not None else None
+        for r, local, code in ((int(a), int(b), int(c)) for a, b, c in _FAILURE.findall(agent_text)):
+            res = self.ranks.get(r)
+            if res is not None and res.ended_at is None:
+                res.local_rank = local
+                self._end_rank(res, code)
+        first_failed = next((r for r in self.result.ranks if r.state in (FAILED, KILLED)), None)
+        for res in self.result.ranks:
+            if res.ended_at is not None and res.state != RUNNING:
+                continue
+            if self.stopped_by_us is not None:
+                self._end_rank(res, -signal.SIGTERM)
+            elif res.pid is None:
+                res.state, res.cause = FAILED, "never started (torchrun ended before this rank ran)"
+                res.ended_at = time.time()
+                self._emit("rank_exited", res)
+            elif first_failed is not None:
+                res.state, res.cause = TERMINATED, f"stopped by torchrun after rank {first_failed.rank} failed"
+                res.ended_at = time.time()
+                self._emit("rank_exited", res)
+            elif rc == 0:
+                self._end_rank(res, 0)
+            else:
+                res.state, res.cause = FAILED, f"ended without an exit status (torchrun exited with {rc})"
+                res.ended_at = time.time()
+                self._emit("rank_exited", res)
+        if self.stopped_by_us is None and rc not in (0, None) and (
+                not self.result.ranks or not any(r.state == FAILED and r.exception for r in self.result.ranks)):
+            self._note(self._agent_failure(agent_text, rc))
+        if rc not in (0, None) and self.result.ok:
+            # every rank of this node ended ok, yet torchrun failed (another node's rank failed):
+            # the launch failed, so say so with the agent as the failed party
+            self.result.ranks.append(RankResult(rank=-1, local_rank=-1, node_rank=self.spec.node_rank or 0,
+                                                state=FAILED, cause=f"torchrun on this node exited with code {rc}"))
+
+    def _agent_failure(self, text: str, rc: int) -> str:
+        log = os.path.join(self.result.log_dir, "agent.log")
+        if "RendezvousTimeoutError" in text or "RendezvousClosedError" in text:
+            joined = len({s.get("node_rank") for s in self.seen.values()})
+            waited = f" within {self.spec.rdzv_timeout:g} s" if self.spec.rdzv_timeout else ""
+            where = self.spec.rdzv_endpoint or f"{self.spec.master_addr}:{self.spec.master_port}"
+            return (f"rendezvous timed out: not all {self.spec.nnodes} nodes joined at {where}{waited} "
+                    f"({joined} had started ranks). Start torchrun (or %%ddp --launcher torchrun) on "
+                    f"the other node{'s' if self.spec.nnodes > 2 else ''} with the same --nnodes, "
+                    f"--rdzv-endpoint and --rdzv-id; torchrun's log: {log}")
+        errors = [line.strip() for line in text.splitlines()
+                  if re.match(r"^[\w.]*(Error|Exception)\b|^torch\.distributed\.\S+(Error|Exception)", line.strip())
+                  or line.startswith(("usage:", "torchrun: error", "run.py: error"))]
+        last = errors[-1] if errors else (text.strip().splitlines() or [""])[-1]
+        return f"torchrun exited with code {rc}: {last[:300]} (torchrun's log: {log})"
+
+    # ------------------------------------------------------------- emitting
+    def _note(self, text: str) -> None:
+        self.result.notes.append(text)
+        self._emit("note", text)
+
+    def _emit(self, event: str, *args) -> None:
+        for sink in self.sinks:
+            handler = getattr(sink, event, None)
+            if handler is not None:
+                handler(*args)
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _pg_alive(pgid: int | None) -> bool:
+    if pgid is None:
+        return False
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def run_cell(source: str, spec: LaunchSpec, sinks=(), cwd: str | None = None,
+             base_env: dict | None = None) -> RunResult:
+    """What the magic calls for ``--launcher torchrun``."""
+    return ElasticLaunch(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env).run()

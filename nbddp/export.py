@@ -1,0 +1,111 @@
+"""From notebook to cluster: write a ``%%ddp`` cell as a standalone script that runs under
+``torchrun`` unchanged, and the exact torchrun command for each node.
+
+The script is the cell as the ranks ran it: line 1 is the ``# %%ddp ...`` line, so a traceback
+from the script names the same line numbers as the notebook; the commands follow as a comment
+block at the end. Nothing of nbddp is needed to run it.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import replace
+
+from IPython.core.error import UsageError
+
+from .spec import LaunchSpec, parse_line
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's own default
+
+
+def node_commands(spec: LaunchSpec, script: str) -> list[str]:
+    """One torchrun command line per node (a single one for one node)."""
+    from .elastic import torchrun_options
+
+    if spec.nnodes > 1 and not spec.rdzv_endpoint and spec.master_port is None:
+        spec = replace(spec, master_port=DEFAULT_MASTER_PORT)
+    if spec.nnodes == 1 and not spec.rdzv_endpoint and spec.master_port is None:
+        nodes = [None]
+    else:
+        nodes = list(range(spec.nnodes))
+    tail = [script] + list(spec.script_args)
+    env = [f"{k}={shlex.quote(v)}" for k, v in spec.env]
+    commands = []
+    for node in nodes:
+        opts = torchrun_options(spec, node_rank=node)
+        commands.append(" ".join(env + ["torchrun"] + opts + [shlex.quote(word) for word in tail]))
+    return commands
+
+
+def script_text(cell: str, line: str, spec: LaunchSpec, script: str) -> str:
+    commands = node_commands(spec, os.path.basename(script))
+    body = f"# %%ddp {line.strip()}\n{cell}"
+    if not body.endswith("\n"):
+        body += "\n"
+    lines = ["", "", "# ---- exported by nbddp from a %%ddp cell; run it with torchrun:"]
+    if len(commands) == 1:
+        lines.append(f"#   {commands[0]}")
+    else:
+        for node, command in enumerate(commands):
+            lines.append(f"#   node {node}: {command}")
+        lines.append(_addr_note(spec))
+    return body + "\n".join(lines) + "\n"
+
+
+def _addr_note(spec: LaunchSpec) -> str:
+    if spec.rdzv_endpoint:
+        return (f"#   (every node: same --rdzv-endpoint, a host:port all nodes reach; the node ranks "
+                f"are assigned at the rendezvous)")
+    return (f"#   (--master-addr must be node 0's address, reachable from every node; "
+            f"{spec.master_addr!r} only works when all nodes are this machine)")
+
+
+def export_cell(path: str, cell: str, line: str = "", spec: LaunchSpec | None = None, out=None) -> list[str]:
+    """Write ``cell`` to ``path`` as a torchrun script, print the commands; returns them."""
+    import sys
+
+    if not path or not path.endswith(".py"):
+        raise UsageError(f"%ddp_export: the script name must end in .py, got {path!r}")
+    if spec is None:
+        spec = parse_line(line)
+        if spec is None:
+            return []
+    import ast
+
+    try:
+        ast.parse(cell, filename="<%%ddp cell>")
+    except SyntaxError as exc:
+        raise UsageError(f"%ddp_export: the cell is not plain Python (line {exc.lineno}: {exc.msg})") from None
+    line = _without_export(line)
+    text = script_text(cell, line, spec, path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    commands = node_commands(spec, path)
+    out = out or sys.stdout
+    out.write(f"nbddp: wrote {path}; run it with torchrun:\n")
+    if len(commands) == 1:
+        out.write(f"  {commands[0]}\n")
+    else:
+        for node, command in enumerate(commands):
+            out.write(f"  node {node}: {command}\n")
+        out.write(_addr_note(spec).replace("#   ", "  ") + "\n")
+    return commands
+
+
+def _without_export(line: str) -> str:
+    """The %%ddp line without its --export option (the exported script's first line)."""
+    words = shlex.split(line)
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+            continue
+        if word == "--export":
+            skip = True
+            continue
+        if word.startswith("--export="):
+            continue
+        kept.append(word)
+    return shlex.join(kept)
