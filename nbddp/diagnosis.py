@@ -6,7 +6,7 @@ import os
 import re
 import signal
 
-from .result import OK
+from .result import KILLED, OK
 
 NOT_TARGETED = "not targeted by this cell"
 
@@ -29,11 +29,16 @@ def describe_signal(number: int) -> str:
     return _SIGNAL_WORDS.get(sig, f"killed by {sig.name}")
 
 
+CAUSE_LIMIT = 240
+
+
 def describe_failure(exception: dict | None, code: int | None) -> str:
     if exception:
         where = f" at cell line {exception['cell_line']}" if exception.get("cell_line") else ""
         message = exception.get("message") or ""
         first = message.strip().splitlines()[0] if message.strip() else ""
+        if len(first) > CAUSE_LIMIT:  # the whole message is in the traceback shown below
+            first = first[:CAUSE_LIMIT - 1].rstrip() + "…"
         return f"{exception['type']}{': ' + first if first else ''}{where}"
     return f"exited with code {code}"
 
@@ -184,12 +189,32 @@ def hint_for(text: str) -> str | None:
 
 
 def add_hints(result) -> None:
-    """Give each rank that did not finish ok the matching one-line hint from HINTS."""
+    """Give each rank that did not finish ok the matching one-line hint from HINTS, and a rank
+    that crashed (SIGSEGV…) the cell line faulthandler's crash report names."""
     for rank in result.ranks:
         if rank.ok or rank.hint:
             continue
-        text = (rank.exception or {}).get("message", "") + "\n" + rank.stderr[-65536:]
+        stderr = rank.stderr
+        if rank.state == KILLED and " at cell line " not in rank.cause:
+            where = crash_line(stderr, os.path.join(result.log_dir, "cell.py"))
+            if where:
+                rank.cause += f" at {where}"
+        text = (rank.exception or {}).get("message", "") + "\n" + stderr[-65536:]
         rank.hint = hint_for(text)
+
+
+def crash_line(stderr: str, cell_path: str) -> str | None:
+    """'cell line 4: ctypes.string_at(0)' from the last 'Fatal Python error' report in stderr."""
+    start = stderr.rfind("Fatal Python error")
+    if start < 0:
+        return None
+    try:
+        with open(cell_path, encoding="utf-8") as f:
+            source = f.read()
+    except OSError:
+        source = None
+    where = blocked_at(stderr[start:], cell_path, source)
+    return where if where and where.startswith("cell line") else None
 
 
 # ------------------------------------------------------ targeted pool cells

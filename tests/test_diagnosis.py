@@ -221,3 +221,22 @@ def test_stack_complete_needs_a_header_and_a_final_newline():
     assert not diagnosis.stack_complete("")
     assert not diagnosis.stack_complete('Thread 0x1 (most recent call first):\n  File "a", line 1')
     assert diagnosis.stack_complete('Thread 0x1 (most recent call first):\n  File "a", line 1 in f\n')
+
+
+def test_crash_line_from_a_real_segfault(tmp_path):
+    script = tmp_path / "cell.py"
+    script.write_text("import ctypes, faulthandler\nfaulthandler.enable()\n"
+                      "def crash():\n    ctypes.string_at(0)\ncrash()\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGSEGV, proc
+    assert diagnosis.crash_line(proc.stderr, str(script)) == "cell line 4: ctypes.string_at(0) (in string_at)"
+    assert diagnosis.crash_line("no crash report here", str(script)) is None
+
+
+def test_long_first_lines_are_shortened_in_the_cause():
+    message = "Detected mismatch between collectives on ranks. " + "CollectiveFingerPrint(...) " * 40
+    cause = diagnosis.describe_failure({"type": "RuntimeError", "message": message, "cell_line": 7}, 1)
+    assert cause.startswith("RuntimeError: Detected mismatch between collectives on ranks.")
+    assert cause.endswith("… at cell line 7") and len(cause) < 300
+    short = diagnosis.describe_failure({"type": "ValueError", "message": "bad", "cell_line": 2}, 1)
+    assert short == "ValueError: bad at cell line 2"

@@ -102,7 +102,7 @@ time.sleep(60)
 """, timeout=60)
     text = report(reply)
     assert reply.error["ename"] == "DDPError"
-    assert "rank 0: killed (crashed with SIGSEGV (segmentation fault))" in text
+    assert "rank 0: killed (crashed with SIGSEGV (segmentation fault) at cell line 4: ctypes.string_at(0)" in text, text
     assert "rank 1: terminated" in text
     # faulthandler's crash stack names the cell line that crashed
     assert "[rank0]:Fatal Python error: Segmentation fault" in reply.stderr, reply.stderr
