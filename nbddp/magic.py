@@ -25,7 +25,8 @@ class DDPMagics(Magics):
 
     @cell_magic
     def ddp(self, line: str, cell: str):
-        spec = parse_line(line)
+        pool = self.pool if (self.pool is not None and self.pool.state != "stopped") else None
+        spec = parse_line(line, shape=pool.spec if pool is not None else None)
         if spec is None:  # -h
             return None
         api.compile_cell(cell)
@@ -36,7 +37,6 @@ class DDPMagics(Magics):
         if spec.export:
             from . import export
             export.export_cell(spec.export, cell, line, spec)
-        pool = self.pool if (self.pool is not None and self.pool.state != "stopped") else None
         if spec.launcher == "torchrun":  # torch's elastic launcher runs the cell (nbddp/elastic.py)
             from . import elastic
             result = elastic.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))

@@ -204,8 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_line(line: str) -> LaunchSpec | None:
-    """Parse the ``%%ddp`` line; returns None when only help was asked for."""
+def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
+    """Parse the ``%%ddp`` line; returns None when only help was asked for. ``shape`` (a running
+    pool's spec) gives the number of ranks and nodes when the line names none."""
     try:
         words = shlex.split(line, comments=False, posix=True)
     except ValueError as exc:
@@ -220,6 +221,8 @@ def parse_line(line: str) -> LaunchSpec | None:
     except _HelpShown:
         parser.print_help()
         return None
+    if shape is not None and ns.n is None and ns.nproc_per_node is None and ns.nnodes == 1:
+        ns.nproc_per_node, ns.nnodes = shape.nproc_per_node, shape.nnodes
     return make_spec(n=ns.n, nproc_per_node=ns.nproc_per_node, nnodes=ns.nnodes, node_rank=ns.node_rank,
                      master_addr=ns.master_addr, master_port=ns.master_port, backend=ns.backend,
                      timeout=ns.timeout, idle_warning=ns.idle_warning, env=dict(ns.env),
