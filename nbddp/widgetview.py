@@ -39,6 +39,7 @@ class _Pane:
         self.marker = W.HTML(value="")
         self.rich = W.Output()
         self.box = W.VBox([self.marker, self.text, self.rich])
+        self.box.add_class("nbddp-pane")
         self.dirty = False
         self.pushed_at = 0.0
 

@@ -1,0 +1,142 @@
+"""In a real browser: JupyterLab on 127.0.0.1 with a temporary root, Debian's Chromium driven by
+playwright, a `%%ddp -n 2` cell run from the notebook UI; both ranks' tabs and status chips must
+show the expected text. Saves a screenshot to artifacts/."""
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "artifacts")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+if not os.path.exists(CHROMIUM) and not os.environ.get("CI"):
+    pytest.skip("Debian's chromium is not installed (scripts/setup-browser.sh installs it)", allow_module_level=True)
+
+CELL = """%%ddp -n 2
+import os, sys, time
+rank = int(os.environ["RANK"])
+print(f"hello from rank {rank} of {os.environ['WORLD_SIZE']}")
+print(f"warning from rank {rank}", file=sys.stderr)
+time.sleep(1.0 + rank)
+"""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
+                     "outputs": [], "source": src} for i, src in enumerate(["%load_ext nbddp", CELL])],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    (root / "ddp.ipynb").write_text(json.dumps(nb))
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"))
+    env.pop("NBDDP_OUTPUT", None)
+    log = open(tmp_path / "lab.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
+         "--LabApp.news_url=", "--allow-root"],
+        cwd=str(root), env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2).read()
+            break
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.close()
+                pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+            time.sleep(0.3)
+    yield base, token, tmp_path
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    log.close()
+
+
+def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
+    from playwright.sync_api import expect, sync_playwright
+
+    base, token, tmp_path = lab
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    shot = os.path.join(ARTIFACTS, "browser-ddp-2-ranks.png")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto(f"{base}/lab/tree/ddp.ipynb?token={token}", timeout=90_000)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+            # the kernel is connected and idle before anything runs
+            expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
+            first_prompt = page.locator(".jp-Cell").nth(0).locator(".jp-InputPrompt")
+            for attempt in range(3):  # a click that lands while Lab is still settling can be lost
+                page.get_by_role("menuitem", name="Run", exact=True).click()
+                page.get_by_text("Run All Cells", exact=True).click()
+                try:
+                    expect(first_prompt).to_contain_text("[1]", timeout=20_000)
+                    break
+                except AssertionError:
+                    if attempt == 2:
+                        raise
+            view = page.locator(".nbddp-view")
+            expect(view).to_be_visible(timeout=60_000)
+            # live: while the cell runs, rank 1 (which sleeps longer) shows as running
+            expect(view).to_contain_text("rank 1: running", timeout=30_000)
+            # both chips end ok with elapsed seconds and exit code
+            expect(view.locator(".nbddp-chip.nbddp-ok")).to_have_count(2, timeout=60_000)
+            chips = view.locator(".nbddp-chip")
+            expect(chips.nth(0)).to_contain_text("rank 0: ok")
+            expect(chips.nth(0)).to_contain_text("exit 0")
+            expect(chips.nth(1)).to_contain_text("rank 1: ok")
+            expect(view).to_contain_text("all ok")
+            tabs = view.locator(".lm-TabBar-tab")
+            expect(tabs).to_have_count(3)
+            assert [t.strip() for t in tabs.all_inner_texts()] == ["rank 0", "rank 1", "all ranks"]
+            visible = view.locator(".nbddp-pane:visible")
+            expect(visible).to_contain_text("hello from rank 0 of 2")
+            expect(visible.locator(".nbddp-stderr")).to_contain_text("warning from rank 0")
+            tabs.nth(1).click()
+            expect(visible).to_contain_text("hello from rank 1 of 2")
+            expect(visible).not_to_contain_text("hello from rank 0")
+            expect(visible.locator(".nbddp-stderr")).to_contain_text("warning from rank 1")
+            tabs.nth(2).click()
+            expect(visible).to_contain_text("[rank0]: hello from rank 0 of 2")
+            expect(visible).to_contain_text("[rank1]: hello from rank 1 of 2")
+            tabs.nth(1).click()
+            page.wait_for_timeout(300)
+            view.screenshot(path=shot)
+            page.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-page.png"))
+        except Exception:
+            try:
+                page.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-failure.png"))
+            except Exception:
+                pass
+            raise
+        finally:
+            browser.close()
+    assert os.path.getsize(shot) > 5000
