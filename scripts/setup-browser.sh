@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# What tests/test_browser.py needs: Debian's chromium (never a downloaded browser) and, in .venv,
+# JupyterLab and playwright (with torch pinned so nothing can replace it). Idempotent and quiet.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x /usr/bin/chromium ]; then
+  sudo=""
+  if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then sudo="sudo"; fi
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+fi
+py=.venv/bin/python
+if [ ! -x "$py" ]; then bash scripts/setup-venv.sh test; fi
+if ! "$py" -c "import jupyterlab, playwright.sync_api" >/dev/null 2>&1; then
+  "$py" -m pip install -q -c <(echo "torch==2.13.0") "jupyterlab>=4" "playwright>=1.40" \
+    2> >(grep -v -e "^WARNING: Location" -e "BuildBackendWarning" >&2)
+fi
