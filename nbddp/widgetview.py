@@ -136,7 +136,7 @@ class WidgetView:
     def tick(self):
         now = time.monotonic()
         if now - self._header_at >= HEADER_INTERVAL_S and (
-                self._header_dirty or any(r.ended_at is None for r in self.c.result.ranks)):
+                self._header_dirty or any(r.state in ("starting", "running") for r in self.c.result.ranks)):
             self._push_header()
         budget = TICK_BUDGET
         due = [p for p in self.panes.values() if p.dirty and now - p.pushed_at >= PANE_INTERVAL_S]
@@ -160,8 +160,7 @@ class WidgetView:
         self._header_dirty = False
         self._header_at = time.monotonic()
         result = self.c.result
-        done = all(r.ended_at is not None for r in result.ranks) and self.c.finished
-        self.header.value = (f'<div><b>{html.escape(transcript.headline(result, done))}</b></div>'
+        self.header.value = (f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>'
                              f'<div style="display:flex;flex-wrap:wrap">{transcript.chips_html(result)}</div>')
 
     def _push_pane(self, pane: _Pane, now: float) -> int:
