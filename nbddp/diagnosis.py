@@ -109,13 +109,35 @@ def _source_line(source: str | None, line: int) -> str:
 
 
 def timeout_report(timeout_s: float, result) -> str:
-    return f"timed out after {timeout_s:g} s. " + where_ranks_are(result)
+    text = f"timed out after {timeout_s:g} s. " + where_ranks_are(result)
+    hint = split_ranks_hint(result)
+    return f"{text} Hint: {hint}" if hint else text
+
+
+def split_ranks_hint(result) -> str | None:
+    """When the ranks stopped in different places (some in a collective the others never
+    reach), name the classic cause."""
+    blocked = [r for r in result.ranks if r.blocked_at]
+    lines = {r.blocked_at.split(":", 1)[0] for r in blocked}
+    in_collective = any(_COLLECTIVE.search(r.blocked_at) for r in blocked)
+    others = len(lines) > 1 or any(r.state == OK for r in result.ranks)
+    if blocked and in_collective and others:
+        return ("the ranks are not all in the same collective (a collective inside "
+                "`if rank == ...:`, or a rank that took another branch); every rank must make the "
+                "same collective calls in the same order.")
+    return None
+
+
+_COLLECTIVE = re.compile(r"\(in (all_reduce|all_gather\w*|reduce\w*|broadcast\w*|barrier|"
+                         r"gather\w*|scatter\w*|all_to_all\w*|send|recv|wait|"
+                         r"monitored_barrier|init_process_group|rendezvous)\)")
 
 
 def idle_report(idle_s: float, result, live) -> str:
     return (f"warning: no output from any rank for {idle_s:.0f} s and ranks still running; "
             f"a hung collective? {where_ranks_are(result, live)} "
-            f"(use --timeout SECONDS to stop such a cell automatically)")
+            + (f"Hint: {split_ranks_hint(result)} " if split_ranks_hint(result) else "")
+            + "(use --timeout SECONDS to stop such a cell automatically)")
 
 
 def where_ranks_are(result, only=None) -> str:

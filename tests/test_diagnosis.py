@@ -240,3 +240,38 @@ def test_long_first_lines_are_shortened_in_the_cause():
     assert cause.endswith("… at cell line 7") and len(cause) < 300
     short = diagnosis.describe_failure({"type": "ValueError", "message": "bad", "cell_line": 2}, 1)
     assert short == "ValueError: bad at cell line 2"
+
+
+def _blocked(rank, where, state="running"):
+    return RankResult(rank=rank, local_rank=rank, node_rank=0, state=state, blocked_at=where)
+
+
+def test_timeout_report_names_the_split_collective():
+    result = RunResult(ranks=[_blocked(0, "cell line 6: dist.all_reduce(t) (in all_reduce)"),
+                              _blocked(1, "cell line 7: dist.barrier() (in barrier)")],
+                       world_size=2, log_dir="/tmp")
+    text = diagnosis.timeout_report(6, result)
+    assert text.startswith("timed out after 6 s. rank 0 blocked at cell line 6: dist.all_reduce(t) "
+                           "(in all_reduce); rank 1 blocked at cell line 7: dist.barrier() (in barrier).")
+    assert "Hint: the ranks are not all in the same collective" in text
+    # all ranks at the same line (a slow step, a deadlock on all ranks) or no collective: no such hint
+    same = RunResult(ranks=[_blocked(0, "cell line 4: dist.barrier() (in barrier)"),
+                            _blocked(1, "cell line 4: dist.barrier() (in barrier)")],
+                     world_size=2, log_dir="/tmp")
+    loop = RunResult(ranks=[_blocked(0, "cell line 4: x += 1"), _blocked(1, "cell line 3: while True:")],
+                     world_size=2, log_dir="/tmp")
+    assert "Hint" not in diagnosis.timeout_report(6, same)
+    assert "Hint" not in diagnosis.timeout_report(6, loop)
+    alone = RunResult(ranks=[_blocked(0, "cell line 5: dist.all_reduce(t) (in all_reduce)"),
+                             _blocked(1, None, state=OK)], world_size=2, log_dir="/tmp")
+    assert "Hint: the ranks are not all" in diagnosis.timeout_report(6, alone)
+
+
+def test_idle_report_carries_the_same_hint():
+    ranks = [_blocked(0, "cell line 6: dist.all_reduce(t) (in all_reduce)"),
+             _blocked(1, "cell line 7: dist.barrier() (in barrier)")]
+    result = RunResult(ranks=ranks, world_size=2, log_dir="/tmp")
+    text = diagnosis.idle_report(30, result, ranks)
+    assert text.startswith("warning: no output from any rank for 30 s")
+    assert "Hint: the ranks are not all in the same collective" in text
+    assert text.endswith("(use --timeout SECONDS to stop such a cell automatically)")

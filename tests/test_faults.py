@@ -130,6 +130,7 @@ def test_rank_conditional_collective_times_out_with_stacks(kernel):
     for r in (1, 2):
         assert f"rank {r} blocked at cell line 7: dist.barrier() (in barrier)" in text, text
         assert f"rank {r}: timed out" in text
+    assert "Hint: the ranks are not all in the same collective" in text
     assert "never" not in reply.stdout
     kernel.ok("assert _ddp.timed_out and all(r.stack and 'most recent call first' in r.stack for r in _ddp.ranks)")
     assert_recovered(kernel, rank_pids(kernel))
