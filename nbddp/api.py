@@ -4,6 +4,8 @@ Scripts, tests and other tools use the same engine as ``%%ddp``."""
 from __future__ import annotations
 
 import ast
+
+from IPython.core.error import UsageError
 import os
 
 from . import placement
@@ -44,5 +46,19 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
 
 
 def compile_cell(source: str) -> None:
-    """Raise the cell's SyntaxError here, once, before any rank starts."""
-    ast.parse(source, filename="<%%ddp cell>")
+    """Report the cell's SyntaxError here, once, before any rank starts: as a UsageError, which
+    IPython shows as just the message (no frames from inside nbddp or IPython), and which
+    still fails the cell for papermill. Line numbers are the notebook cell's."""
+    try:
+        ast.parse(source, filename="<%%ddp cell>")
+    except SyntaxError as exc:
+        where = f"cell line {exc.lineno}" if exc.lineno else "the cell"
+        text = [f"%%ddp: {where} has a syntax error, so no rank was started:"]
+        if exc.text:
+            code = exc.text.rstrip("\n")
+            text.append("    " + code.strip())
+            if exc.offset:
+                indent = len(code) - len(code.lstrip())
+                text.append("    " + " " * max(0, exc.offset - 1 - indent) + "^")
+        text.append(f"SyntaxError: {exc.msg}")
+        raise UsageError("\n".join(text)) from None

@@ -29,10 +29,10 @@ class DDPMagics(Magics):
         spec = parse_line(line, shape=pool.spec if pool is not None else None)
         if spec is None:  # -h
             return None
-        api.compile_cell(cell)
-        push = self._pushed(spec)
         # The magic's own line stays line 1, so line numbers match what the notebook shows.
         source = f"# %%ddp {line.strip()}\n{cell}"
+        api.compile_cell(source)
+        push = self._pushed(spec)
         type(self).last_cell = (line, cell)  # for %ddp_export
         if spec.export:
             from . import export

@@ -104,9 +104,11 @@ def test_sys_exit_zero_is_success(kernel):
 
 
 def test_syntax_error_reported_once_before_spawning(kernel):
-    reply = kernel.execute("%%ddp -n 4\nx = (1,\nprint('never')")
-    assert reply.error and reply.error["ename"] == "SyntaxError"
-    assert "[rank" not in reply.text and "nbddp:" not in reply.text
+    reply = kernel.execute("%%ddp -n 4\nx = 1\ny = (1,\nprint('never')")
+    assert reply.status == "error"
+    assert reply.stderr.startswith("UsageError: %%ddp: cell line 3 has a syntax error, so no rank was started:")
+    assert "    y = (1,\n        ^\nSyntaxError: '(' was never closed" in reply.stderr
+    assert "[rank" not in reply.text and "magic.py" not in reply.text and "nbddp: " not in reply.stdout
 
 
 @pytest.mark.parametrize("line, reason", [
