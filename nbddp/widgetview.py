@@ -8,8 +8,8 @@ shows the widget, GitHub/nbviewer/papermill output shows the transcript.
 
 Bounded: each pane holds the last TAIL_LINES lines (with an "N earlier lines hidden" marker and
 the full log's path); widget updates are sent from ``tick`` only, at most every PANE_INTERVAL_S
-per pane and within a byte budget per tick, so a flooding rank costs the front end a few
-hundred kB a second at most.
+per pane and within a token-bucket budget of RATE_CHARS_PER_S, so a flood of long lines costs
+the front end about 1 MB of HTML a second, whatever the ranks produce.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from .transcript import Collector
 TAB_LIMIT = 8            # more shown ranks than this: a dropdown instead of a tab strip
 PANE_INTERVAL_S = 0.25   # a pane is re-sent at most 4 times a second
 HEADER_INTERVAL_S = 0.5
-TICK_BUDGET = 400_000    # characters of pane HTML sent per tick, at most (a pane due is always sent)
+RATE_CHARS_PER_S = 1_000_000  # pane HTML sent to the front end per second, on average, at most
+BURST_CHARS = 1_000_000       # what may go out at once after a quiet spell
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 _BOX = ("max-height:26em;overflow:auto;display:flex;flex-direction:column-reverse;"
@@ -59,6 +60,8 @@ class WidgetView:
         self._header_dirty = True
         self._header_at = 0.0
         self.updates_sent = 0   # pane updates sent to the front end (for tests and budgets)
+        self._credit = float(BURST_CHARS)   # token bucket: long lines would otherwise be MB/s
+        self._credit_at = time.monotonic()
 
     # ------------------------------------------------------------ building
     def _build(self):
@@ -138,13 +141,14 @@ class WidgetView:
         if now - self._header_at >= HEADER_INTERVAL_S and (
                 self._header_dirty or any(r.state in ("starting", "running") for r in self.c.result.ranks)):
             self._push_header()
-        budget = TICK_BUDGET
+        self._credit = min(BURST_CHARS, self._credit + (now - self._credit_at) * RATE_CHARS_PER_S)
+        self._credit_at = now
         due = [p for p in self.panes.values() if p.dirty and now - p.pushed_at >= PANE_INTERVAL_S]
         due.sort(key=lambda p: p.pushed_at)
-        for i, pane in enumerate(due):
-            if budget <= 0 and i:
+        for pane in due:
+            if self._credit <= 0:   # the oldest panes go first next time
                 break
-            budget -= self._push_pane(pane, now)
+            self._credit -= self._push_pane(pane, now)
 
     def launch_finished(self, result):
         self.c.launch_finished(result)

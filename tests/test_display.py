@@ -233,3 +233,25 @@ import time; time.sleep(30)
     assert "nbddp-chip nbddp-failed" in data["text/html"] and "ValueError: rank one broke" in data["text/html"]
     r = kernel.ok("print(_ddp.ranks[1].state, _ddp.ranks[1].exitcode, 'rank one broke' in _ddp.ranks[1].stderr)")
     assert r.stdout.split() == ["failed", "1", "True"]
+
+
+def test_steady_flood_of_long_lines_is_rate_limited(kernel):
+    """Long lines make every pane ~1 MB of HTML: updates must stay within a byte rate, not only
+    a message rate (before the token bucket this sent ~5 MB/s for two ranks)."""
+    cell = """%%ddp -n 2 --output widgets
+import sys, time
+line = "z" * 1500 + "\\n"
+end = time.time() + 6
+while time.time() < end:
+    sys.stdout.write(line * 200); sys.stdout.flush(); time.sleep(0.01)
+"""
+    t = time.monotonic()
+    messages, reply = run_raw(kernel, cell)
+    elapsed = time.monotonic() - t
+    assert reply["status"] == "ok"
+    sent = sum(len(json.dumps(m["content"])) for m in of_type(messages, "comm_msg"))
+    print(f"steady long-line flood: {elapsed:.1f} s, {sent / 1e6:.1f} MB to the front end")
+    assert sent / elapsed < 2.5e6, (sent, elapsed)
+    # still live: several updates of rank 0's pane went out while it ran
+    values = [m for m in of_type(messages, "comm_msg") if "zzzz" in str(m["content"]["data"].get("state", {}).get("value", ""))]
+    assert len(values) >= 4
