@@ -180,7 +180,7 @@ class WidgetView:
         pane.marker.value = "" if not hidden else (
             f'<div class="nbddp-hidden" style="color:#666;font-size:12px"><i>… {hidden} earlier '
             f'line{"s" if hidden != 1 else ""} hidden; full log: <code>{html.escape(log)}</code></i></div>')
-        value = f'<div style="{_BOX}"><pre style="margin:0;font-size:12px">{body}</pre></div>'
+        value = f'<div style="{_BOX}"><pre style="margin:0;font-size:12px;flex:none;overflow:visible">{body}</pre></div>'
         pane.text.value = value
         pane.dirty = False
         pane.pushed_at = now

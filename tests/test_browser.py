@@ -28,6 +28,16 @@ print(f"hello from rank {rank} of {os.environ['WORLD_SIZE']}")
 print(f"warning from rank {rank}", file=sys.stderr)
 time.sleep(1.0 + rank)
 """
+FLOOD = """%%ddp -n 2 --ranks 0
+import os
+if os.environ["RANK"] == "0":
+    for i in range(200_000):
+        print("flood line", i)
+"""
+MANY = """%%ddp -n 32
+import os
+print("rank says", os.environ["RANK"])
+"""
 
 
 def _free_port():
@@ -41,7 +51,7 @@ def lab(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
-                     "outputs": [], "source": src} for i, src in enumerate(["%load_ext nbddp", CELL])],
+                     "outputs": [], "source": src} for i, src in enumerate(["%load_ext nbddp", CELL, FLOOD, MANY])],
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
     (root / "ddp.ipynb").write_text(json.dumps(nb))
@@ -103,7 +113,7 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
                 except AssertionError:
                     if attempt == 2:
                         raise
-            view = page.locator(".nbddp-view")
+            view = page.locator(".nbddp-view").nth(0)
             expect(view).to_be_visible(timeout=60_000)
             # live: while the cell runs, rank 1 (which sleeps longer) shows as running
             expect(view).to_contain_text("rank 1: running", timeout=30_000)
@@ -131,6 +141,36 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
             page.wait_for_timeout(300)
             view.screenshot(path=shot)
             page.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-page.png"))
+
+            # a flood: bounded tail with the marker, and the page stays responsive
+            flood = page.locator(".nbddp-view").nth(1)
+            expect(flood).to_contain_text("all ok", timeout=120_000)
+            expect(flood.locator(".nbddp-pane:visible")).to_contain_text("flood line 199999")
+            expect(flood.locator(".nbddp-pane:visible")).to_contain_text("199500 earlier lines hidden; full log:")
+            assert [t.strip() for t in flood.locator(".lm-TabBar-tab").all_inner_texts()] == ["rank 0", "all ranks"]
+            t = time.monotonic()
+            page.evaluate("1 + 1")
+            flood.locator(".lm-TabBar-tab").nth(1).click()
+            expect(flood.locator(".nbddp-pane:visible")).to_contain_text("[rank0]: flood line 199999", timeout=5_000)
+            respond_s = time.monotonic() - t
+            assert flood.locator(".nbddp-pane:visible pre").inner_text().count("\n") < 1100
+            # the pane scrolls itself and opens at the newest lines (its <pre> must not shrink and scroll from the top)
+            top, height, client = flood.locator(".nbddp-pane:visible div[style*=column-reverse]").evaluate(
+                "e => [e.scrollTop, e.scrollHeight, e.clientHeight]")
+            assert height > 2 * client and abs(top) < 5, (top, height, client)
+            flood.scroll_into_view_if_needed()
+            flood.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-flood.png"))
+
+            # 32 ranks: a dropdown, not a tab strip
+            many = page.locator(".nbddp-view").nth(2)
+            expect(many.locator(".nbddp-chip.nbddp-ok")).to_have_count(32, timeout=120_000)
+            expect(many.locator(".lm-TabBar-tab")).to_have_count(0)
+            many.locator("select").select_option(label="rank 31")
+            expect(many.locator(".nbddp-pane:visible")).to_contain_text("rank says 31")
+            expect(many.locator(".nbddp-pane:visible")).not_to_contain_text("rank says 30")
+            many.scroll_into_view_if_needed()
+            many.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-32-ranks.png"))
+            print(f"browser: flood view answered a tab click in {respond_s:.2f} s")
         except Exception:
             try:
                 page.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-failure.png"))
