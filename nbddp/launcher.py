@@ -214,10 +214,11 @@ class Launch:
             self._emit("tick")  # views flush batched updates here (at most every 0.1 s)
 
     def _read_output(self, fd: int, rank: _Rank, stream: str) -> bool:
+        """Read one chunk; False when nothing was there (or the pipe closed)."""
         try:
             data = os.read(fd, READ_CHUNK)
         except BlockingIOError:
-            return True
+            return False
         except OSError:
             data = b""
         if not data:

@@ -235,24 +235,6 @@ class Pool(Launch):
             while self._read_output(fd, rank, stream) and fd in rank.fds:
                 pass
 
-    def _read_output(self, fd, rank, stream) -> bool:
-        try:
-            data = os.read(fd, launcher.READ_CHUNK)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            self.selector.unregister(fd)
-            os.close(fd)
-            del rank.fds[fd]
-            return False
-        self.last_output = time.monotonic()
-        self.idle_warned = False
-        rank.logs[stream].write(data)
-        self._emit("output", rank.result.rank, stream, data)
-        return True
-
     def _on_exit(self, rank) -> None:
         was_pending = rank.result.rank in self.pending
         super()._on_exit(rank)
