@@ -1,0 +1,93 @@
+"""Every lesson notebook runs headless under papermill in a real kernel, without an error, and its
+own check cells pass. The executed notebooks are kept in artifacts/notebooks/ (CI artifacts).
+
+The kernel is this interpreter (a kernelspec written to a temporary JUPYTER_PATH entry), so it
+works in a fresh .venv without ``ipykernel install``. Each notebook runs in a scratch folder, so
+the checkpoints and logs the lessons write stay out of the repository.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import sys
+import time
+
+import nbformat
+import papermill
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = os.path.join(ROOT, "notebooks")
+ARTIFACTS = os.path.join(ROOT, "artifacts", "notebooks")
+LESSONS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(NOTEBOOKS, "[0-9][0-9]_*.ipynb"))
+                 if re.match(r"(0[1-9]|10)_", os.path.basename(p)))
+KERNEL = "nbddp-lessons"
+
+
+@pytest.fixture(scope="module")
+def kernel_name(tmp_path_factory):
+    """A kernelspec that starts this very interpreter, found through JUPYTER_PATH."""
+    data = tmp_path_factory.mktemp("jupyter")
+    spec_dir = data / "kernels" / KERNEL
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "nbddp lessons", "language": "python"}))
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = str(data) + (os.pathsep + old if old else "")
+    yield KERNEL
+    if old is None:
+        os.environ.pop("JUPYTER_PATH", None)
+    else:
+        os.environ["JUPYTER_PATH"] = old
+
+
+def test_all_ten_lessons_exist():
+    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in range(1, 11)], LESSONS
+
+
+@pytest.mark.parametrize("name", [name for name in LESSONS if re.match(r"\d\d_", name)])
+def test_lesson_runs_clean_and_checks_pass(name, kernel_name, tmp_path):
+    src = os.path.join(NOTEBOOKS, name)
+    nb = nbformat.read(src, as_version=4)
+    # the lesson shape every notebook promises
+    tags = [t for c in nb.cells for t in c.metadata.get("tags", [])]
+    assert tags.count("parameters") == 1, "one papermill parameters cell"
+    assert "solution" in tags, "an exercise with its solution in a separate cell"
+    assert any(c.cell_type == "markdown" and c.source.startswith("## Check") for c in nb.cells)
+    assert any(c.cell_type == "code" and c.source.startswith("%%ddp") for c in nb.cells)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "committed unexecuted"
+
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    dst = os.path.join(ARTIFACTS, name)
+    started = time.monotonic()
+    try:
+        papermill.execute_notebook(src, dst, kernel_name=kernel_name, cwd=str(tmp_path), progress_bar=False,
+                                   request_save_on_cell_execute=False, execution_timeout=180)
+    finally:
+        elapsed = time.monotonic() - started
+        print(f"{name}: {elapsed:.1f} s under papermill")
+    out = nbformat.read(dst, as_version=4)
+    errors = [o for c in out.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    ran = [c for c in out.cells if c.cell_type == "code"]
+    assert all(c.execution_count for c in ran), "every code cell ran"
+    assert elapsed < 120, f"{name} took {elapsed:.0f} s; lessons must stay quick on 2 CPU cores"
+
+
+def test_build_script_matches_committed_notebooks(tmp_path):
+    """notebooks/build.py is the source: the committed .ipynb files are exactly what it writes."""
+    scratch = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOKS, scratch)
+    sys.path.insert(0, str(scratch))
+    try:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("lessons_build", scratch / "build.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert module.main(["--check"]) == 0
+    finally:
+        sys.path.remove(str(scratch))
