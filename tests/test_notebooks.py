@@ -91,3 +91,37 @@ def test_build_script_matches_committed_notebooks(tmp_path):
         assert module.main(["--check"]) == 0
     finally:
         sys.path.remove(str(scratch))
+
+
+def _pin(text):
+    match = re.search(r"torch==([\d.]+)", text)
+    return match and match.group(1)
+
+
+def test_binder_gets_cpu_torch_of_the_pinned_version_and_two_rank_lessons():
+    """binder/ installs the same torch as scripts/setup-venv.sh, from the CPU index, then nbddp;
+    every lesson defaults to 2 ranks (Binder gives 1-2 cores)."""
+    req = open(os.path.join(ROOT, "binder", "requirements.txt")).read()
+    post = os.path.join(ROOT, "binder", "postBuild")
+    setup = open(os.path.join(ROOT, "scripts", "setup-venv.sh")).read()
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in req
+    assert re.search(r"^torch==[\d.]+\+cpu$", req, re.M) and _pin(req) == _pin(setup), (_pin(req), _pin(setup))
+    assert "ipywidgets>=8" in req and "matplotlib" in req
+    assert os.access(post, os.X_OK) and "-e ." in open(post).read()
+    for name in LESSONS:
+        nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+        (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        values = {}
+        exec(cell.source, {}, values)
+        ranks = values.get("world_size", values.get("nnodes", 1) * values.get("nproc_per_node", 1))
+        assert ranks == 2, (name, values)
+
+
+def test_binder_postbuild_smoke_check_runs_here():
+    """The check postBuild runs at the end of the image build passes on this machine."""
+    text = open(os.path.join(ROOT, "binder", "postBuild")).read()
+    snippet = text.split("<<'PY'\n", 1)[1].split("\nPY", 1)[0]
+    import subprocess
+    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "all 2 ranks finished ok" in done.stdout, done.stdout
