@@ -89,7 +89,14 @@ class Bench:
         self.put("trivial", n, "ddp fresh", timed(self.cell(f"%%ddp -n {n} --output text\n{TRIVIAL}"), self.repeats))
         self.put("allreduce", n, "ddp fresh", timed(self.cell(f"%%ddp -n {n} --output text\n{ALLREDUCE}"), self.repeats))
 
+    def pool_available(self):
+        reply = self.k.ok("print('ddp_pool' in get_ipython().magics_manager.magics['line'])")
+        return reply.stdout.strip() == "True"
+
     def ddp_pool(self, n):
+        if not self.pool_available():
+            self.put("trivial", n, "ddp pool", "pool: not available")
+            return
         self.k.ok(f"%ddp_pool start -n {n} --output text")
         try:
             self.put("trivial", n, "ddp pool", timed(self.cell(f"%%ddp\n{TRIVIAL}"), self.repeats))
@@ -145,6 +152,7 @@ class Bench:
         except ImportError:
             self.put("trivial", n, "ipyparallel", "not installed")
             return
+        self.k.ok("_cluster = None")
         reply = self.k.execute(textwrap.dedent(f"""\
             import ipyparallel as ipp, socket
             _cluster = ipp.Cluster(n={n}, ip="127.0.0.1", log_level=40)
@@ -156,15 +164,15 @@ class Bench:
                 _e.apply_sync(lambda i, p, w: __import__("os").environ.update(
                     RANK=str(i), WORLD_SIZE=str(w), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(p)), _i, _port, {n})"""),
             timeout=600)
-        if reply.error:
-            self.put("trivial", n, "ipyparallel", f"failed: {reply.error['ename']}: {reply.error['evalue'][:80]}")
-            return
         try:
+            if reply.error:
+                self.put("trivial", n, "ipyparallel", f"failed: {reply.error['ename']}: {reply.error['evalue'][:80]}")
+                return
             self.put("trivial", n, "ipyparallel", timed(self.cell(f"%%px\n{TRIVIAL}"), self.repeats))
             self.k.ok("%%px\nimport torch, torch.distributed as dist\ndist.init_process_group('gloo')", timeout=300)
             self.put("allreduce", n, "ipyparallel", timed(self.cell("%%px\nt = torch.ones(1); dist.all_reduce(t)"), self.repeats))
         finally:
-            self.k.execute("_cluster.stop_cluster_sync()", timeout=120)
+            self.k.execute("_cluster is not None and _cluster.stop_cluster_sync()", timeout=120)
 
     def spawn(self, n):
         self.k.ok(textwrap.dedent(f"""\
@@ -212,6 +220,37 @@ class Bench:
         self.train = {k: statistics.median(v) for k, v in rates.items()}
         print(f"  training steps/s: %%ddp {self.train['ddp']:.1f}, torchrun {self.train['torchrun']:.1f}", flush=True)
 
+    def profile(self, n=4, repeats=5):
+        """Where one fresh %%ddp cell's time goes (benchmarks/phases.py wraps nbddp's steps)."""
+        self.k.ok(f"import sys; sys.path.insert(0, {HERE!r}); import phases; phases.install()")
+        body = textwrap.dedent("""\
+            import time; print("T body", time.perf_counter(), flush=True)
+            import torch.distributed as dist
+            dist.init_process_group("gloo"); print("T init", time.perf_counter(), flush=True)
+            t = __import__("torch").ones(1); dist.all_reduce(t); print("T reduce", time.perf_counter(), flush=True)
+            dist.destroy_process_group(); print("T end", time.perf_counter(), flush=True)""")
+        rows = []
+        for i in range(repeats + 1):
+            self.k.ok("phases.reset()")
+            reply = self.k.ok(f"%%ddp -n {n} --output text\n{body}")
+            got = self.k.ok("import json; print(json.dumps([phases.summary(), phases.STAMPS]))").stdout
+            spans, stamps = __import__("json").loads(got)
+            marks = {}
+            for m in re.finditer(r"^\[rank\d\]:T (\w+) ([\d.]+)$", reply.stdout, re.M):
+                marks.setdefault(m.group(1), []).append(float(m.group(2)))
+            t0 = stamps["start_all.start"]
+            spans["client"] = reply.elapsed
+            spans["first body"] = min(marks["body"]) - t0          # fork → cell code runs
+            spans["last body"] = max(marks["body"]) - t0
+            spans["rendezvous"] = max(marks["init"]) - max(marks["body"])
+            spans["all_reduce"] = max(marks["reduce"]) - max(marks["init"])
+            spans["destroy"] = max(marks["end"]) - max(marks["reduce"])
+            spans["exit seen"] = stamps["pump.end"] - max(marks["end"])  # interpreter exit + reap
+            if i:
+                rows.append(spans)
+        self.profile_rows = {k: statistics.median(r[k] for r in rows if k in r) for k in rows[0]}
+        print("  profile (median s): " + ", ".join(f"{k} {v:.4f}" for k, v in self.profile_rows.items()), flush=True)
+
     # ------------------------------------------------------------- run
     def run(self):
         try:
@@ -223,8 +262,11 @@ class Bench:
                         peer(n)
                     except Exception as exc:  # one broken peer must not hide the others
                         self.put("error", n, peer.__name__, f"failed: {type(exc).__name__}: {str(exc)[:100]}")
-            self.flood()
-            self.training()
+            for step in (self.flood, self.training, self.profile):
+                try:
+                    step()
+                except Exception as exc:
+                    print(f"  {step.__name__} failed: {type(exc).__name__}: {exc}", flush=True)
         finally:
             self.k.shutdown()
 
@@ -271,9 +313,10 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
     if fresh_b and tr_b:
         lines.append(f"- fresh init+all_reduce ≥ 20× faster than torchrun: {tr_b / fresh_b:.1f}× → {verdict(tr_b >= 20 * fresh_b)}")
     pool_a, px_a = med("trivial", 4, "ddp pool"), med("trivial", 4, "ipyparallel")
-    if pool_a:
-        ref, where = (px_a, "measured %%px") if px_a else (0.023, "DESIGN.md's 0.023 s for %%px")
-        lines.append(f"- pool trivial cell ≤ 0.5× ipyparallel ({where}): {pool_a / ref:.2f}× → {verdict(pool_a <= 0.5 * ref)}")
+    if pool_a and px_a:
+        lines.append(f"- pool trivial cell ≤ 0.5× ipyparallel %%px: {pool_a:.4f} s vs {px_a:.4f} s = {pool_a / px_a:.2f}× → {verdict(pool_a <= 0.5 * px_a)}")
+    else:
+        lines.append("- pool trivial cell vs ipyparallel: NOT CHECKED (" + ("pool: not available" if not pool_a else "ipyparallel not measured") + ")")
     fl, lo = med("prints", 4, "ddp fresh"), med("prints", 4, "local cell")
     if fl and lo:
         lines.append(f"- 4×{PRINTS} lines all delivered (checked) and ≤ 2× a local cell: {fl / lo:.2f}× → {verdict(fl <= 2 * lo)}")
@@ -282,6 +325,11 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
         ratio = tr["ddp"] / tr["torchrun"]
         lines.append(f"- steady-state DDP training, %%ddp / torchrun steps/s: {tr['ddp']:.1f} / {tr['torchrun']:.1f} = "
                      f"{ratio:.3f} (target ≥ 0.97) → {verdict(ratio >= 0.97)}")
+    prof = getattr(bench, "profile_rows", None)
+    if prof:
+        lines += ["", "## Where a fresh 4-rank init+all_reduce cell's time goes (median s)", "",
+                  "| " + " | ".join(prof) + " |", "|" + "---|" * len(prof),
+                  "| " + " | ".join(f"{v:.4f}" for v in prof.values()) + " |"]
     text = "\n".join(lines) + "\n"
     with open(path_md, "w") as f:
         f.write(text)

@@ -1,0 +1,58 @@
+"""Where one %%ddp cell's time goes, measured from outside nbddp: run inside the kernel, this
+wraps (never edits) nbddp's launch steps with time.perf_counter stamps.
+
+    install()            # once, in the kernel
+    reset(); <run a %%ddp cell>; print(summary())
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+STAMPS: dict[str, float] = {}
+SPANS: dict[str, float] = {}
+
+
+def _wrap(owner, name, label):
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        STAMPS.setdefault(label + ".start", t0)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            t1 = time.perf_counter()
+            SPANS[label] = SPANS.get(label, 0.0) + (t1 - t0)
+            STAMPS[label + ".end"] = t1
+
+    setattr(owner, name, timed)
+
+
+def install() -> None:
+    from nbddp import api, launcher, starter, views
+
+    _wrap(api, "compile_cell", "compile")
+    _wrap(views, "make_sinks", "sinks")
+    _wrap(launcher, "host_store", "store")
+    _wrap(launcher, "new_log_dir", "logdir")
+    _wrap(launcher.Launch, "_start_all", "start_all")
+    _wrap(starter, "start", "fork")          # one forkserver round trip per rank
+    _wrap(launcher.Launch, "_pump", "pump")
+    _wrap(launcher.Launch, "_cleanup", "cleanup")
+    _wrap(launcher.Launch, "_emit", "emit")  # every event to every sink (the output path)
+
+
+def reset() -> None:
+    STAMPS.clear()
+    SPANS.clear()
+
+
+def summary() -> dict:
+    """Seconds spent in each step of the last cell."""
+    out = dict(SPANS)
+    s = STAMPS
+    if "compile.start" in s and "start_all.start" in s:
+        out["before_fork"] = s["start_all.start"] - s["compile.start"]  # parse, log dir, store, sinks
+    return out
