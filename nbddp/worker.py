@@ -58,7 +58,9 @@ def _become_script(job: dict) -> None:
     sys.stderr = sys.__stderr__ = _line_stream(2)
     _watch_lifeline(job["lifeline"])
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    stack_file = open(job["stack_path"], "w")
+    # append mode: the launcher truncates the file before each request, and a plain "w" offset
+    # would put the next dump after a hole of NUL bytes
+    stack_file = open(job["stack_path"], "a")
     job["_stack_file"] = stack_file
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
     signal.signal(signal.SIGINT, signal.default_int_handler)

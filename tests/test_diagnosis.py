@@ -275,3 +275,14 @@ def test_idle_report_carries_the_same_hint():
     assert text.startswith("warning: no output from any rank for 30 s")
     assert "Hint: the ranks are not all in the same collective" in text
     assert text.endswith("(use --timeout SECONDS to stop such a cell automatically)")
+
+
+def test_second_stack_collection_has_no_nul_hole():
+    """The idle warning and then the timeout each ask for stacks; the launcher truncates the
+    stack file in between, so the rank must append (a plain "w" offset left NUL bytes)."""
+    result = nbddp.run("import time\nfor _ in range(600):\n    time.sleep(0.1)\n", n=2, timeout=6,
+                       idle_warning=3, check=False, sinks=[])
+    assert result.timed_out and any(n.startswith("warning: no output") for n in result.notes), result.notes
+    for r in result.ranks:
+        assert r.stack and "\0" not in r.stack, repr((r.stack or "")[:80])
+        assert r.stack.startswith("Thread 0x"), repr(r.stack[:80])
