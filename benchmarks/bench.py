@@ -56,6 +56,13 @@ TRAIN = textwrap.dedent("""\
     dist.destroy_process_group()""")
 
 
+ACCELERATE_HANG_S = 60
+
+
+class Hung(Exception):
+    pass
+
+
 def stats(times):
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)}
 
@@ -140,11 +147,35 @@ class Bench:
             def _acc_trivial():
                 pass"""))
         for case, fn in (("trivial", "_acc_trivial"), ("allreduce", "_acc_allreduce")):
-            reply = self.k.execute(f"notebook_launcher({fn}, num_processes={n})", timeout=300)
-            if reply.error:
-                self.put(case, n, "accelerate", f"failed: {reply.error['ename']}: {reply.error['evalue'][:80]}")
-                continue
-            self.put(case, n, "accelerate", timed(self.cell(f"notebook_launcher({fn}, num_processes={n})"), self.repeats, warmup=0))
+            code = f"notebook_launcher({fn}, num_processes={n})"
+
+            def run():
+                # notebook_launcher forks the (multi-threaded) kernel; a forked rank can hang.
+                # Such a run is reported as hung, its processes killed, never timed.
+                try:
+                    reply = self.k.execute(code, timeout=ACCELERATE_HANG_S)
+                except TimeoutError:
+                    self.kill_forked_kernels()
+                    self.k.execute("pass", timeout=60)  # wait for the failed cell to end
+                    raise Hung()
+                if reply.error:
+                    raise RuntimeError(f"{reply.error['ename']}: {reply.error['evalue'][:80]}")
+                return reply.elapsed
+            try:
+                self.put(case, n, "accelerate", timed(run, self.repeats, warmup=1))
+            except Hung:
+                self.put(case, n, "accelerate", f"hung (a run did not finish in {ACCELERATE_HANG_S} s)")
+            except RuntimeError as exc:
+                self.put(case, n, "accelerate", f"failed: {exc}")
+
+    def kill_forked_kernels(self):
+        """Processes notebook_launcher forked from the kernel (they show the kernel's cmdline)."""
+        for proc in self.k.descendants():
+            try:
+                if proc.ppid() == self.k.pid and "ipykernel" in " ".join(proc.cmdline()):
+                    proc.kill()
+            except Exception:
+                pass
 
     def ipyparallel(self, n):
         try:
@@ -261,7 +292,7 @@ class Bench:
                     try:
                         peer(n)
                     except Exception as exc:  # one broken peer must not hide the others
-                        self.put("error", n, peer.__name__, f"failed: {type(exc).__name__}: {str(exc)[:100]}")
+                        self.put("allreduce", n, peer.__name__, f"failed: {type(exc).__name__}: {str(exc)[:100]}")
             for step in (self.flood, self.training, self.profile):
                 try:
                     step()
@@ -292,7 +323,7 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
             if v is None:
                 cells.append("")
             elif isinstance(v, str):
-                cells.append(v)
+                cells.append(" ".join(v.split()).replace("|", "/")[:90])
             else:
                 ratio = f" [{v['median'] / base['median']:.2f}×]" if isinstance(base, dict) else ""
                 cells.append(f"{v['median']:.3f} ({v['min']:.3f}–{v['max']:.3f}){ratio}")
