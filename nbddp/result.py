@@ -91,6 +91,17 @@ class RunResult:
     def ok(self) -> bool:
         return all(r.ok for r in self.ranks) and not self.interrupted and not self.timed_out
 
+    def rank(self, number: int) -> "RankResult | None":
+        """The result of global rank ``number``, or None where it ran on another node
+        (under ``--launcher torchrun`` a node holds only its own ranks)."""
+        return next((r for r in self.ranks if r.rank == number), None)
+
+    @property
+    def remote(self) -> list[int]:
+        """Global ranks that ran on other nodes (empty for a one-machine launch)."""
+        here = {r.rank for r in self.ranks}
+        return [n for n in range(self.world_size) if n not in here]
+
     @property
     def elapsed(self) -> float:
         return self.ended_at - self.started_at
@@ -115,6 +126,9 @@ class RunResult:
     def summary(self) -> str:
         """A few lines naming each failed rank and its cause, then what happened to the rest."""
         if self.ok:
+            if self.remote:
+                return (f"all {len(self.ranks)} ranks on this node (of {self.world_size} in the job) "
+                        f"finished ok in {self.elapsed:.2f} s")
             return f"all {self.world_size} ranks finished ok in {self.elapsed:.2f} s"
         lines = []
         for r in self.ranks:

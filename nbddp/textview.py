@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from . import transcript
 from .lines import LineSplitter
 
 
@@ -24,10 +25,8 @@ class TextView:
 
     def launch_started(self, result, spec, backend):
         if self.header:
-            shape = f"{spec.nnodes} node{'s' if spec.nnodes > 1 else ''} x {spec.nproc_per_node}"
             self._stream("stdout").write(
-                f"nbddp: {result.world_size} rank{'s' if result.world_size > 1 else ''} ({shape}), "
-                f"backend {backend}, MASTER_PORT {result.master_port}, logs in {result.log_dir}\n")
+                f"nbddp: {transcript.launch_line(result, spec, backend)}, logs in {result.log_dir}\n")
 
     def output(self, rank: int, stream: str, data: bytes):
         if not self.spec.shown(rank):

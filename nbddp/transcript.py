@@ -168,9 +168,28 @@ def status_words(rank_result, now: float | None = None) -> str:
     return " ".join(parts)
 
 
+def launch_line(result, spec, backend: str, times: str = "x") -> str:
+    """The launch's shape, backend and meeting point: the first thing both views show."""
+    n = result.world_size
+    shape = f"{spec.nnodes} node{'s' if spec.nnodes > 1 else ''} {times} {spec.nproc_per_node}"
+    if getattr(spec, "launcher", "nbddp") == "torchrun":
+        if spec.rdzv_endpoint:
+            where = f"torchrun, {spec.rdzv_backend} rendezvous at {spec.rdzv_endpoint}"
+        elif spec.master_port is not None:
+            where = f"torchrun, master {spec.master_addr}:{spec.master_port}"
+        else:
+            where = "torchrun --standalone"
+    else:
+        where = f"MASTER_PORT {result.master_port}"
+    return f"{n} rank{'s' if n > 1 else ''} ({shape}), backend {backend}, {where}"
+
+
 def headline(result, finished: bool = True) -> str:
     n = result.world_size
     word = f"{n} rank{'s' if n != 1 else ''}"
+    if result.remote:
+        here = len([r for r in result.ranks if r.rank >= 0])
+        word += f" ({here} on this node)"
     if not finished:
         return f"nbddp: {word} running"
     if result.ok:
@@ -185,6 +204,24 @@ def _hidden_note(tail: Tail, shown: int, log_hint: str) -> str:
     return f"… {hidden} earlier line{'s' if hidden != 1 else ''} hidden{log_hint}"
 
 
+def log_path(result, rank: int) -> str:
+    """Where rank ``rank``'s full stdout is kept (the launch's folder if it has none)."""
+    res = result.rank(rank)
+    return (res.stdout_path if res is not None else None) or result.log_dir
+
+
+def _local_tails(collector: Collector):
+    """The shown ranks that ran here: a rank of another node (torchrun, multi-node) is left out."""
+    result = collector.result
+    return [(rank, tail) for rank, tail in collector.tails.items()
+            if result.rank(rank) is not None or tail.total or tail.display_total]
+
+
+def _span(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1 \
+        else ",".join(map(str, ranks))
+
+
 def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) -> str:
     result = collector.result
     out = [headline(result, collector.finished), f"logs: {result.log_dir}"]
@@ -195,11 +232,13 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) ->
         out.append(line)
     for note in collector.notes:
         out.append(f"note: {note}")
-    for rank, tail in collector.tails.items():
+    if result.remote:
+        out.append(f"  ranks {_span(result.remote)}: on other nodes (their output is shown there)")
+    for rank, tail in _local_tails(collector):
         lines = list(tail.lines)[-lines_per_rank:]
         out.append(f"--- rank {rank} ({tail.total} line{'s' if tail.total != 1 else ''}) ---")
         if tail.total > len(lines):
-            out.append(_hidden_note(tail, len(lines), f" (full log: {result.ranks[rank].stdout_path or result.log_dir})"))
+            out.append(_hidden_note(tail, len(lines), f" (full log: {log_path(result, rank)})"))
         for stream, text in lines:
             out.append(("stderr| " if stream == "stderr" else "") + text)
         if tail.display_total:
@@ -261,13 +300,16 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
             out.append(f'<div style="color:#a31515">rank {r.rank}: {html.escape(r.cause)}</div>')
     for note in collector.notes:
         out.append(f'<pre style="color:#8a4b00">{html.escape(note)}</pre>')
-    for rank, tail in collector.tails.items():
+    if result.remote:
+        out.append(f'<div style="color:#666">ranks {_span(result.remote)}: on other nodes '
+                   f'(their output is shown there)</div>')
+    for rank, tail in _local_tails(collector):
         lines = list(tail.lines)[-lines_per_rank:]
-        out.append(f'<details open><summary>rank {rank} — {html.escape(status_words(result.ranks[rank]))}'
+        out.append(f'<details open><summary>rank {rank} — {html.escape(status_words(result.rank(rank)))}'
                    f' ({tail.total} line{"s" if tail.total != 1 else ""})</summary>')
         if tail.total > len(lines):
             out.append(f'<div style="color:#666"><i>{html.escape(_hidden_note(tail, len(lines), ""))}'
-                       f' (full log: <code>{html.escape(result.ranks[rank].stdout_path or result.log_dir)}</code>)'
+                       f' (full log: <code>{html.escape(log_path(result, rank))}</code>)'
                        f'</i></div>')
         out.append(f'<pre style="margin:0">{lines_html(lines)}</pre>')
         if include_displays:

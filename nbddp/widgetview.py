@@ -97,11 +97,10 @@ class WidgetView:
     def launch_started(self, result, spec, backend):
         self.c.launch_started(result, spec, backend)
         self._build()
-        shape = f"{spec.nnodes} node{'s' if spec.nnodes > 1 else ''} × {spec.nproc_per_node}"
         hidden = "" if spec.ranks_shown is None else \
             f", showing rank{'s' if len(spec.ranks_shown) > 1 else ''} {','.join(map(str, spec.ranks_shown))}"
-        self.info.value = (f'<span style="color:#666;font-size:12px">{result.world_size} ranks ({shape}), '
-                           f'backend {html.escape(backend)}, MASTER_PORT {result.master_port}{hidden}; '
+        self.info.value = (f'<span style="color:#666;font-size:12px">'
+                           f'{html.escape(transcript.launch_line(result, spec, backend, "×"))}{hidden}; '
                            f'full logs in <code>{html.escape(result.log_dir)}</code></span>')
         self._push_header()
         self.handle = self._publish(self._bundle(final=False), raw=True, display_id=True)
@@ -175,7 +174,7 @@ class WidgetView:
         else:
             tail = self.c.tails[key]
             body = transcript.lines_html(tail.lines)
-            log = self.c.result.ranks[key].stdout_path or self.c.result.log_dir
+            log = transcript.log_path(self.c.result, key)
         hidden = tail.hidden
         pane.marker.value = "" if not hidden else (
             f'<div class="nbddp-hidden" style="color:#666;font-size:12px"><i>… {hidden} earlier '
