@@ -30,7 +30,8 @@ import time
 from IPython.core.error import UsageError
 
 from . import diagnosis, placement
-from .elastic_rank import PREFIX_VAR, STATUS_DIR_VAR
+from .elastic_rank import LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
+from .envvars import legacy_flag
 from .launcher import new_log_dir
 from .result import (FAILED, INTERRUPTED, KILLED, OK, RUNNING, TERMINATED, TIMED_OUT, RankResult,
                      RunResult)
@@ -159,6 +160,8 @@ class ElasticLaunch:
         env.update(dict(spec.env))
         env[PREFIX_VAR] = "[rank${rank}]:"
         env[STATUS_DIR_VAR] = self.status_dir
+        if legacy_flag(spec) is not None:
+            env[LEGACY_VAR] = legacy_flag(spec)
         cmd = self.command(cell_path)
         with open(os.path.join(log_dir, "torchrun-command.txt"), "w") as f:
             f.write(shlex.join(cmd) + "\n")

@@ -20,6 +20,7 @@ import types
 
 STATUS_DIR_VAR = "NBDDP_ELASTIC_DIR"
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+LEGACY_VAR = "NBDDP_ELASTIC_LEGACY_FLAG"  # --legacy-launch: the flag torch.distributed.launch passed
 
 
 def _die_with_parent() -> None:
@@ -60,8 +61,9 @@ def main() -> None:
     status_dir = os.environ.pop(STATUS_DIR_VAR, "")
     os.environ.pop(PREFIX_VAR, None)
     _die_with_parent()
+    legacy = os.environ.pop(LEGACY_VAR, "")
     cell_path = os.path.abspath(sys.argv[1])
-    sys.argv = [cell_path] + sys.argv[2:]
+    sys.argv = [cell_path] + ([f"{legacy}={os.environ.get('LOCAL_RANK', '0')}"] if legacy else []) + sys.argv[2:]
     rank = os.environ.get("RANK", "0")
     status = {"rank": int(rank), "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
               "node_rank": int(os.environ.get("GROUP_RANK", "0")), "pid": os.getpid(),

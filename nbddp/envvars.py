@@ -61,9 +61,14 @@ def rank_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str, erro
     return env
 
 
+def legacy_flag(spec: LaunchSpec) -> str | None:
+    """``--legacy-launch``: the flag torch.distributed.launch put in argv (None without it)."""
+    if spec.legacy_launch is None:
+        return None
+    return "--local_rank" if spec.legacy_launch == "underscore" else "--local-rank"
+
+
 def legacy_argv(spec: LaunchSpec, rank: int) -> list[str]:
     """The argument torch.distributed.launch put before the script's own (without --use-env)."""
-    if spec.legacy_launch is None:
-        return []
-    flag = "--local_rank" if spec.legacy_launch == "underscore" else "--local-rank"
-    return [f"{flag}={spec.local_rank_of(rank)}"]
+    flag = legacy_flag(spec)
+    return [] if flag is None else [f"{flag}={spec.local_rank_of(rank)}"]

@@ -33,8 +33,14 @@ def node_commands(spec: LaunchSpec, script: str) -> list[str]:
     commands = []
     for node in nodes:
         opts = torchrun_options(spec, node_rank=node)
-        commands.append(" ".join(env + ["torchrun"] + opts + [shlex.quote(word) for word in tail]))
+        commands.append(" ".join(env + launcher_words(spec) + opts + [shlex.quote(word) for word in tail]))
     return commands
+
+
+def launcher_words(spec: LaunchSpec) -> list[str]:
+    """``torchrun``; for a ``--legacy-launch`` cell (it reads ``--local-rank`` from argv) the
+    deprecated ``torch.distributed.launch``, which still passes that flag."""
+    return ["torchrun"] if spec.legacy_launch is None else ["python", "-m", "torch.distributed.launch"]
 
 
 def script_text(cell: str, line: str, spec: LaunchSpec, script: str) -> str:
@@ -49,6 +55,12 @@ def script_text(cell: str, line: str, spec: LaunchSpec, script: str) -> str:
         for node, command in enumerate(commands):
             lines.append(f"#   node {node}: {command}")
         lines.append(_addr_note(spec))
+    if spec.legacy_launch is not None:
+        lines += ["#   (this cell reads --local-rank from argv, as under torch.distributed.launch;",
+                  "#    to run it under torchrun, read int(os.environ['LOCAL_RANK']) instead)"]
+        if spec.legacy_launch == "underscore":
+            lines.append("#   (since torch 2.0 the launcher passes --local-rank, not --local_rank: "
+                         "give your parser both names)")
     return body + "\n".join(lines) + "\n"
 
 

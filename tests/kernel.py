@@ -84,6 +84,8 @@ class Kernel:
     def ok(self, code: str, timeout: float = 120) -> Reply:
         """Execute and fail the test with the kernel's own error text if the cell raised."""
         reply = self.execute(code, timeout)
+        if reply.status == "error" and not reply.error:  # a UsageError: one line on stderr
+            raise AssertionError(f"cell failed: {reply.text}")
         if reply.error:
             raise AssertionError(f"cell raised {reply.error['ename']}: {reply.error['evalue']}\n"
                                  + "\n".join(reply.error["traceback"]) + "\n" + reply.text)
