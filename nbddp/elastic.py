@@ -166,6 +166,8 @@ class ElasticLaunch:
         with open(os.path.join(log_dir, "torchrun-command.txt"), "w") as f:
             f.write(shlex.join(cmd) + "\n")
         self._emit("launch_started", self.result, spec, self.placement.backend)
+        if self.placement.note:
+            self._note(self.placement.note)
         with _live_lock:
             _live.add(self)
         try:
@@ -464,11 +466,10 @@ class ElasticLaunch:
     def _agent_failure(self, text: str, rc: int) -> str:
         log = os.path.join(self.result.log_dir, "agent.log")
         if "RendezvousTimeoutError" in text or "RendezvousClosedError" in text:
-            joined = len({s.get("node_rank") for s in self.seen.values()})
             waited = f" within {self.spec.rdzv_timeout:g} s" if self.spec.rdzv_timeout else ""
             where = self.spec.rdzv_endpoint or f"{self.spec.master_addr}:{self.spec.master_port}"
             return (f"rendezvous timed out: not all {self.spec.nnodes} nodes joined at {where}{waited} "
-                    f"({joined} had started ranks). Start torchrun (or %%ddp --launcher torchrun) on "
+                    f"(no rank starts until all have). Start torchrun (or %%ddp --launcher torchrun) on "
                     f"the other node{'s' if self.spec.nnodes > 2 else ''} with the same --nnodes, "
                     f"--rdzv-endpoint and --rdzv-id; torchrun's log: {log}")
         errors = [line.strip() for line in text.splitlines()

@@ -18,7 +18,7 @@ import uuid
 
 from multiprocess.connection import Connection
 
-from . import diagnosis, starter, worker
+from . import diagnosis, placement, starter, worker
 from .envvars import legacy_argv, rank_env
 from .rendezvous import host_store
 from .result import (FAILED, INTERRUPTED, KILLED, OK, RUNNING, TERMINATED, TIMED_OUT, RankResult,
@@ -58,16 +58,6 @@ def new_log_dir(requested: str | None) -> str:
     path = os.path.join(_log_root, f"launch-{_launch_count}")
     os.makedirs(path, exist_ok=True)
     return path
-
-
-def resolve_backend(spec: LaunchSpec) -> str:
-    if spec.backend != "auto":
-        return spec.backend
-    try:
-        import torch
-        return "nccl" if torch.cuda.is_available() else "gloo"
-    except Exception:
-        return "gloo"
 
 
 class _Rank:
@@ -119,13 +109,16 @@ class Launch:
             f.write(self.source if self.source is not None else
                     f"# nbddp ran the function {self.func['name']}\n")
         store, port = host_store(spec.master_addr, spec.master_port)
-        backend = resolve_backend(spec)
+        plan = placement.plan(spec, placement.cuda_device_count(), self.base_env)
+        backend = plan.backend
         run_id = str(uuid.uuid4())
         self.result = RunResult(
             ranks=[RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
                    for r in range(spec.world_size)],
             world_size=spec.world_size, log_dir=log_dir, master_port=port, started_at=time.time())
         self._emit("launch_started", self.result, spec, backend)
+        if plan.note:
+            self._note(plan.note)
         with _live_lock:
             _live.add(self)
         try:

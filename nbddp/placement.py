@@ -24,6 +24,7 @@ class Placement:
     physical: tuple[str, ...]  # the same devices as CUDA_VISIBLE_DEVICES entries
     backend: str               # gloo, nccl or mpi
     env: tuple[tuple[str, str], ...] = ()  # what every rank of this node gets added
+    note: str = ""             # said once at the start of the launch (e.g. why auto chose gloo)
 
     def device_of(self, local_rank: int) -> str | None:
         """The torch device string a rank should use (``cuda:LOCAL_RANK``), None without GPUs."""
@@ -60,9 +61,14 @@ def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
         devices = tuple(gpus)
     else:
         devices = tuple(range(device_count))
-    backend = spec.backend
+    backend, note = spec.backend, ""
     if backend == "auto":
         backend = "nccl" if devices else "gloo"
+        if devices and nproc > len(devices):  # nccl refuses two ranks on one GPU: gloo still runs
+            backend = "gloo"
+            note = (f"backend hint gloo, not nccl: {nproc} ranks per node but {len(devices)} GPU"
+                    f"{'s' if len(devices) != 1 else ''} {'chosen' if gpus is not None else 'here'} "
+                    f"(nccl needs one GPU per rank; use -n {len(devices)} per node for nccl)")
     if backend == "nccl":
         if not devices:
             raise UsageError("%%ddp: --backend nccl needs CUDA devices and this machine has none; use gloo")
@@ -75,7 +81,7 @@ def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
     physical = tuple(visible[d] if d < len(visible) else str(d) for d in devices)
     if gpus is not None:
         env = (("CUDA_VISIBLE_DEVICES", ",".join(physical)),)
-    return Placement(devices=devices, physical=physical, backend=backend, env=env)
+    return Placement(devices=devices, physical=physical, backend=backend, env=env, note=note)
 
 
 def gpu_env(spec, device_count: int, base_env: dict | None = None) -> dict[str, str]:

@@ -16,8 +16,8 @@ from dataclasses import replace
 
 from IPython.core.error import UsageError
 
-from . import diagnosis, launcher
-from .launcher import INTERRUPT_GRACE_S, Launch, new_log_dir, pack_names, resolve_backend
+from . import diagnosis, launcher, placement
+from .launcher import INTERRUPT_GRACE_S, Launch, new_log_dir, pack_names
 from .rendezvous import host_store
 from .result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, RankResult, RunResult
 from .spec import LaunchSpec, make_spec
@@ -50,7 +50,8 @@ class Pool(Launch):
         spec = self.spec
         self.log_root = new_log_dir(spec.log_dir)
         self.store, port = host_store(spec.master_addr, spec.master_port)
-        self.backend = resolve_backend(spec)
+        plan = placement.plan(spec, placement.cuda_device_count(), self.base_env)
+        self.backend, self.backend_note = plan.backend, plan.note
         self.result = self._fresh_result(self.log_root)
         self.result.master_port = port
         with launcher._live_lock:
@@ -114,6 +115,8 @@ class Pool(Launch):
         up = time.time() - self.started_wall
         lines = [f"nbddp pool: {shape}, {self.state}; up {up:.0f} s, {self.cells_run} cells run, "
                  f"MASTER_PORT {self.master_port}, logs in {self.log_root}"]
+        if getattr(self, "backend_note", ""):
+            lines.append(self.backend_note)
         if self.state == BROKEN:
             lines.append(f"broken: {self.why_broken}. Use %ddp_pool restart (or pool.restart()).")
         for rank in self.ranks:

@@ -129,6 +129,15 @@ def _seconds(name):
     return conv
 
 
+def _seconds_or_off(name):
+    """Seconds, or 0 to turn the feature off (stored as None)."""
+    def conv(text):
+        if text.strip() in ("0", "0.0", "off", "none"):
+            return 0.0
+        return _seconds(name)(text)
+    return conv
+
+
 def _env_pair(text):
     key, sep, value = text.partition("=")
     if not sep or not _ENV_KEY.match(key):
@@ -168,32 +177,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of nodes; with the local launcher they are simulated on this machine")
     p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=_nonneg_int("--node-rank"), default=None,
                    help="this machine's node rank (torchrun launcher only)")
-    p.add_argument("--master-addr", "--master_addr", dest="master_addr", default="localhost")
+    p.add_argument("--master-addr", "--master_addr", dest="master_addr", default="localhost",
+                   help="address of the rendezvous host (node 0), default localhost")
     p.add_argument("--master-port", "--master_port", dest="master_port", type=_port, default=None,
                    help="rendezvous port (default: a free port per launch)")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="backend hint, read in a rank with nbddp.backend() (auto: nccl with CUDA, else gloo)")
     p.add_argument("--timeout", type=_seconds("--timeout"), default=None,
                    help="seconds before a still-running launch is stopped and its stacks shown")
-    p.add_argument("--idle-warning", dest="idle_warning", type=_seconds("--idle-warning"), default=30.0,
-                   help="warn when no rank printed anything for this many seconds")
+    p.add_argument("--idle-warning", dest="idle_warning", type=_seconds_or_off("--idle-warning"),
+                   default=30.0, help="warn when no rank printed anything for this many seconds (0: never)")
     p.add_argument("--env", action="append", type=_env_pair, default=[], metavar="KEY=VALUE",
                    help="extra environment variable for every rank (repeatable)")
     p.add_argument("--legacy-launch", dest="legacy_launch", nargs="?", const="dash",
                    choices=("dash", "underscore"), default=None,
                    help="pass --local-rank=N (or --local_rank=N) in argv, as torch.distributed.launch did")
-    p.add_argument("--start-method", dest="start_method", choices=START_METHODS, default="forkserver")
+    p.add_argument("--start-method", dest="start_method", choices=START_METHODS, default="forkserver",
+                   help="forkserver with torch preloaded (fast, default) or spawn (a fresh interpreter per rank)")
     p.add_argument("--ranks", dest="ranks_shown", type=_int_list("--ranks"), default=None,
                    help="show only these ranks' output, e.g. 0 or 0,2 (all ranks still run)")
-    p.add_argument("--output", choices=OUTPUTS, default="auto")
+    p.add_argument("--output", choices=OUTPUTS, default="auto",
+                   help="auto: live widgets where a widget front end is connected, else text")
     p.add_argument("--log-dir", dest="log_dir", default=None, help="where full per-rank logs are kept")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local",
                    help="local (fast workers on this machine) or torchrun (torch.distributed.run)")
-    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=None)
-    p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="c10d")
-    p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=None)
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=None,
+                   help="HOST:PORT every node meets at (torchrun launcher, c10d rendezvous)")
+    p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="c10d",
+                   help="torchrun's rendezvous backend (default c10d)")
+    p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=None,
+                   help="job id shared by all nodes of one job (torchrun launcher)")
     p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts",
-                   type=_nonneg_int("--max-restarts"), default=0)
+                   type=_nonneg_int("--max-restarts"), default=0,
+                   help="times torchrun restarts the ranks after a failure (torchrun launcher)")
     p.add_argument("--rdzv-timeout", "--rdzv_timeout", dest="rdzv_timeout", type=_seconds("--rdzv-timeout"),
                    default=None, help="seconds to wait for every node to join (torchrun's rdzv join_timeout)")
     p.add_argument("--gpus", type=_int_list("--gpus"), default=None, help="CUDA devices to use, e.g. 0,1,3")
@@ -218,8 +234,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
     parser = build_parser()
     try:
         ns = parser.parse_args(words)
-    except _HelpShown:
-        parser.print_help()
+    except _HelpShown:  # argparse's -h already printed the help
         return None
     if shape is not None and ns.n is None and ns.nproc_per_node is None and ns.nnodes == 1:
         ns.nproc_per_node, ns.nnodes = shape.nproc_per_node, shape.nnodes

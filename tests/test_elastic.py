@@ -154,3 +154,44 @@ def test_node_that_never_joins_is_a_clear_rendezvous_timeout(kernel):
     assert "rendezvous timed out: not all 2 nodes joined at 127.0.0.1:" in shown, shown
     assert "within 5 s" in shown
     assert_nothing_left(kernel)
+
+
+def test_max_restarts_lets_torchrun_restart_a_failed_attempt(kernel):
+    reply = kernel.execute("""%%ddp --launcher torchrun -n 2 --max-restarts 1
+import os
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print("attempt", attempt)
+if attempt == 0 and os.environ["RANK"] == "1":
+    raise RuntimeError("flaky first attempt")
+""", timeout=180)
+    assert reply.status == "ok", reply.text
+    assert "[rank1]:RuntimeError: flaky first attempt" in reply.stderr, reply.text
+    for r in (0, 1):
+        assert f"[rank{r}]:attempt 1" in reply.stdout, reply.text
+    assert "rank 1 restarted by torchrun (restart 1)" in reply.text, reply.text
+    states = kernel.ok("print([(r.rank, r.state) for r in _ddp.ranks])").stdout
+    assert states.strip() == "[(0, 'ok'), (1, 'ok')]", states
+    assert_nothing_left(kernel)
+
+
+def test_interrupt_stops_torchrun_and_its_ranks(fresh_kernel):
+    k = fresh_kernel
+    msg_id = k.kc.execute("%%ddp --launcher torchrun -n 2\nimport os, time\nprint('PID', os.getpid(), flush=True)\n"
+                          "time.sleep(120)\n")
+    sent = []
+
+    def on_output(reply):
+        if reply.stdout.count("PID ") == 2 and not sent:
+            sent.append(time.monotonic())
+            k.km.interrupt_kernel()
+
+    reply = k.collect(msg_id, timeout=120, on_output=on_output)
+    assert sent, reply.text
+    took = time.monotonic() - sent[0]
+    pids = [int(line.split()[-1]) for line in reply.stdout.splitlines() if "PID " in line]
+    assert reply.error and reply.error["ename"] == "KeyboardInterrupt", reply.text
+    assert not alive(pids), "a rank outlived the interrupt"
+    assert not torchruns(k), "torchrun outlived the interrupt"
+    assert took < 5, f"interrupt took {took:.1f} s"
+    assert "interrupted: torchrun and all its ranks were stopped" in reply.text
+    assert k.ok("%%ddp -n 2\nprint('next')").stdout.count("next") == 2  # the kernel goes on

@@ -39,14 +39,27 @@ def test_gpus_are_numbered_within_an_existing_cuda_visible_devices():
     assert env == {"CUDA_VISIBLE_DEVICES": "6,7"}
 
 
+@pytest.mark.parametrize("line, count, words", [
+    ("-n 4", 2, "4 ranks per node but 2 GPUs here"),
+    ("-n 3 --gpus 0,1", 4, "3 ranks per node but 2 GPUs chosen"),
+])
+def test_auto_with_fewer_gpus_than_ranks_falls_back_to_gloo_and_says_why(line, count, words):
+    p = placement.plan(spec(line), count)
+    assert p.backend == "gloo" and words in p.note and "use -n 2 per node for nccl" in p.note
+
+
+def test_enough_gpus_means_no_note():
+    assert placement.plan(spec("-n 2"), 2).note == ""
+
+
 def test_per_node_with_several_nodes():
     p = placement.plan(spec("-n 4 --nnodes 2 --gpus 2,3"), 4)
     assert p.devices == (2, 3) and p.backend == "nccl"
 
 
 @pytest.mark.parametrize("line, count, words", [
-    ("-n 4", 2, "4 ranks per node but 2 GPUs here"),
-    ("-n 3 --gpus 0,1", 4, "3 ranks per node but 2 GPUs chosen"),
+    ("-n 4 --backend nccl", 2, "4 ranks per node but 2 GPUs here"),
+    ("-n 3 --gpus 0,1 --backend nccl", 4, "3 ranks per node but 2 GPUs chosen"),
     ("-n 2 --gpus 0,5", 4, "--gpus 5: this machine has 4 CUDA devices"),
     ("-n 2 --gpus 0,0", 4, "names a device twice"),
     ("-n 2 --gpus 0,1", 0, "this machine has none"),
