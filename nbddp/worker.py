@@ -10,6 +10,7 @@ import faulthandler
 import io
 import linecache
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -26,6 +27,7 @@ def entry(job: dict) -> None:
     ctl = job["ctl"]
     code = 1
     try:
+        job.update(pickle.loads(job.pop("plain")))  # see Launch._start_all
         _become_script(job)
         _send(ctl, ("started", os.getpid(), time.time()))
         code = _serve(job, ctl) if job.get("pool") else _run(job, ctl)
