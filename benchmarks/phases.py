@@ -38,7 +38,8 @@ def install() -> None:
     _wrap(launcher, "host_store", "store")
     _wrap(launcher, "new_log_dir", "logdir")
     _wrap(launcher.Launch, "_start_all", "start_all")
-    _wrap(starter, "start", "fork")          # one forkserver round trip per rank
+    _wrap(starter, "start_all", "start_ranks")  # all ranks' forkserver round trips (they overlap)
+    _wrap(starter, "start", "fork_sum")      # one round trip per rank, summed over the ranks
     _wrap(launcher.Launch, "_pump", "pump")
     _wrap(launcher.Launch, "_cleanup", "cleanup")
     _wrap(launcher.Launch, "_emit", "emit")  # every event to every sink (the output path)
