@@ -29,7 +29,7 @@ import time
 
 from IPython.core.error import UsageError
 
-from . import diagnosis, placement
+from . import diagnosis, placement, stacks
 from .elastic_rank import LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from .envvars import legacy_flag
 from .launcher import new_log_dir
@@ -358,24 +358,9 @@ class ElasticLaunch:
             self._note(diagnosis.idle_report(now - self.last_output, self.result, live))
 
     def _collect_stacks(self) -> None:
-        asked = []
-        for r, status in self.seen.items():
-            if "exitcode" in status:
-                continue
-            path = os.path.join(self.status_dir, f"rank{r}.stacks")
-            try:
-                os.truncate(path, 0)
-                os.kill(status["pid"], signal.SIGUSR1)
-                asked.append((r, path))
-            except OSError:
-                pass
-        deadline = time.monotonic() + 1.0
-        pending = list(asked)
-        while pending and time.monotonic() < deadline:
-            time.sleep(0.05)
-            pending = [(r, p) for r, p in pending if not diagnosis.stack_complete(_read_text(p))]
-        for r, path in asked:
-            text = _read_text(path)
+        live = [(r, status["pid"], os.path.join(self.status_dir, f"rank{r}.stacks"))
+                for r, status in self.seen.items() if "exitcode" not in status]
+        for r, text in stacks.ask(live).items():
             self.ranks[r].stack = text
             self.ranks[r].blocked_at = diagnosis.blocked_at(text, self.cell_path, self.source)
 
@@ -508,14 +493,6 @@ def _pg_alive(pgid: int | None) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def run_cell(source: str, spec: LaunchSpec, sinks=(), cwd: str | None = None,

@@ -66,8 +66,8 @@ def script_text(cell: str, line: str, spec: LaunchSpec, script: str) -> str:
 
 def _addr_note(spec: LaunchSpec) -> str:
     if spec.rdzv_endpoint:
-        return (f"#   (every node: same --rdzv-endpoint, a host:port all nodes reach; the node ranks "
-                f"are assigned at the rendezvous)")
+        return ("#   (every node: same --rdzv-endpoint, a host:port all nodes reach; the node ranks "
+                "are assigned at the rendezvous)")
     return (f"#   (--master-addr must be node 0's address, reachable from every node; "
             f"{spec.master_addr!r} only works when all nodes are this machine)")
 

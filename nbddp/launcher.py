@@ -19,11 +19,11 @@ import uuid
 
 from multiprocess.connection import Connection
 
-from . import diagnosis, placement, starter, worker
+from . import diagnosis, placement, stacks, starter, worker
 from .envvars import legacy_argv, rank_env
 from .rendezvous import host_store
 from .result import (FAILED, INTERRUPTED, KILLED, OK, RUNNING, TERMINATED, TIMED_OUT, RankResult,
-                     RunResult, signal_name)
+                     RunResult)
 from .spec import LaunchSpec
 
 READ_CHUNK = 1 << 16
@@ -344,24 +344,11 @@ class Launch:
 
     def _collect_stacks(self, ranks) -> None:
         """Ask each live rank for its Python stacks (faulthandler on SIGUSR1) and keep them."""
-        asked = []
-        for rank in ranks:
-            if rank.alive and rank.started:
-                try:
-                    os.truncate(rank.stack_path, 0)
-                    os.kill(rank.process.pid, signal.SIGUSR1)
-                    asked.append(rank)
-                except OSError:
-                    pass
-        deadline = time.monotonic() + 1.0
-        pending = list(asked)
-        while pending and time.monotonic() < deadline:
-            time.sleep(0.05)
-            pending = [r for r in pending if not diagnosis.stack_complete(_read_text(r.stack_path))]
-        time.sleep(0.05)
+        live = {id(rank): rank for rank in ranks if rank.alive and rank.started}
+        dumps = stacks.ask([(key, rank.process.pid, rank.stack_path) for key, rank in live.items()])
         cell_path = os.path.join(self.result.log_dir, "cell.py")
-        for rank in asked:
-            text = _read_text(rank.stack_path)
+        for key, text in dumps.items():
+            rank = live[key]
             rank.result.stack = text
             rank.result.blocked_at = diagnosis.blocked_at(text, cell_path, self.source)
 
@@ -480,11 +467,3 @@ def pack_names(values: dict | None) -> bytes | None:
             raise TypeError(f"nbddp: cannot push {name!r} ({type(value).__name__}) to the ranks: "
                             f"{exc}") from None
     raise TypeError("nbddp: the pushed values cannot be sent together")
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""

@@ -1,7 +1,6 @@
 """A real Jupyter kernel for tests, driven over ZMQ with jupyter_client."""
 from __future__ import annotations
 
-import os
 import queue
 import sys
 import time
@@ -85,7 +84,8 @@ class Kernel:
         """Execute and fail the test with the kernel's own error text if the cell raised."""
         reply = self.execute(code, timeout)
         if reply.status == "error" and not reply.error:  # a UsageError: one line on stderr
-            raise AssertionError(f"cell failed: {reply.text}")
+            shown = [o.get("data", {}).get("text/plain", "") for o in reply.outputs]
+            raise AssertionError(f"cell failed: {reply.text}{' '.join(shown)[:2000]}")
         if reply.error:
             raise AssertionError(f"cell raised {reply.error['ename']}: {reply.error['evalue']}\n"
                                  + "\n".join(reply.error["traceback"]) + "\n" + reply.text)

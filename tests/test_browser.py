@@ -4,7 +4,6 @@ show the expected text. Saves a screenshot to artifacts/."""
 import json
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys

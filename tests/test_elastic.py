@@ -7,8 +7,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from kernel import Kernel, alive, wait_gone
 
 ALL_REDUCE = """import os, torch, torch.distributed as dist

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from kernel import alive, wait_gone
+from kernel import wait_gone
 
 MAIN_CELL = """%%ddp -n 4
 import os, torch, torch.distributed as dist
