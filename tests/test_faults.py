@@ -167,6 +167,37 @@ while True:
     assert_recovered(kernel, rank_pids(kernel))
 
 
+IDLE_HANG = """%%ddp -n 2 --timeout 7 {option}
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+print("ready", flush=True)
+if dist.get_rank() == 0:
+    dist.all_reduce(torch.ones(1))
+dist.barrier()
+"""
+
+
+def test_idle_warning_says_where_ranks_wait_while_the_cell_still_runs(kernel):
+    reply = kernel.execute(IDLE_HANG.format(option="--idle-warning 2"), timeout=90)
+    text = report(reply)
+    assert reply.error["ename"] == "DDPTimeout"
+    warning = text.find("warning: no output from any rank for 2 s and ranks still running")
+    assert warning >= 0, text
+    assert "rank 0 blocked at cell line 6: dist.all_reduce(torch.ones(1))" in text[warning:], text
+    assert "rank 1 blocked at cell line 7: dist.barrier()" in text[warning:], text
+    assert warning < text.find("timed out after 7 s"), "the warning comes while the cell runs, before the timeout"
+    assert_recovered(kernel, rank_pids(kernel))
+
+
+def test_idle_warning_0_turns_it_off(kernel):
+    reply = kernel.execute(IDLE_HANG.format(option="--idle-warning 0").replace("--timeout 7", "--timeout 4"),
+                           timeout=90)
+    text = report(reply)
+    assert reply.error["ename"] == "DDPTimeout" and "timed out after 4 s" in text, text
+    assert "warning: no output" not in text, text
+    assert_recovered(kernel, rank_pids(kernel))
+
+
 def test_interrupt_during_a_collective_ends_all_ranks_within_2_s(fresh_kernel):
     k = fresh_kernel
     msg_id = k.kc.execute("""%%ddp -n 3
