@@ -289,7 +289,8 @@ def _display_html(bundle: dict) -> str:
 
 
 def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
-                include_displays: bool = True) -> str:
+                include_displays: bool = True, expanded: bool = True) -> str:
+    """``expanded=False`` folds each rank's lines (text mode already streamed them above)."""
     result = collector.result
     out = ['<div class="nbddp-transcript">',
            f'<div><b>{html.escape(headline(result, collector.finished))}</b> '
@@ -305,7 +306,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
                    f'(their output is shown there)</div>')
     for rank, tail in _local_tails(collector):
         lines = list(tail.lines)[-lines_per_rank:]
-        out.append(f'<details open><summary>rank {rank} — {html.escape(status_words(result.rank(rank)))}'
+        out.append(f'<details{" open" if expanded else ""}><summary>rank {rank} — {html.escape(status_words(result.rank(rank)))}'
                    f' ({tail.total} line{"s" if tail.total != 1 else ""})</summary>')
         if tail.total > len(lines):
             out.append(f'<div style="color:#666"><i>{html.escape(_hidden_note(tail, len(lines), ""))}'
@@ -320,10 +321,10 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
     return "\n".join(out)
 
 
-def bundle(collector: Collector, include_displays: bool = True) -> dict:
+def bundle(collector: Collector, include_displays: bool = True, expanded: bool = True) -> dict:
     """The static transcript as a mime bundle: text/plain and text/html."""
     return {"text/plain": render_text(collector),
-            "text/html": render_html(collector, include_displays=include_displays)}
+            "text/html": render_html(collector, include_displays=include_displays, expanded=expanded)}
 
 
 __all__ = ["Splitter", "Tail", "Collector", "bundle", "render_text", "render_html", "chips_html",

@@ -90,7 +90,8 @@ class TranscriptView:
 
     def launch_finished(self, result):
         self.c.launch_finished(result)
-        self._publish(transcript.bundle(self.c, include_displays=False), raw=True,
+        # the lines were streamed above as they came: here each rank's section starts folded
+        self._publish(transcript.bundle(self.c, include_displays=False, expanded=False), raw=True,
                       metadata={"nbddp": {"transcript": True}})
 
 
