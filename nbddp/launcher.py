@@ -17,9 +17,7 @@ import threading
 import time
 import uuid
 
-from multiprocess.connection import Connection
-
-from . import diagnosis, placement, stacks, starter, worker
+from . import diagnosis, placement, spares, stacks, starter
 from .envvars import legacy_argv, rank_env
 from .rendezvous import host_store
 from .result import (FAILED, INTERRUPTED, KILLED, OK, RUNNING, TERMINATED, TIMED_OUT, RankResult,
@@ -100,6 +98,7 @@ class Launch:
         self.idle_warned = False
         self.result: RunResult | None = None
         self.pool_mode = False  # a Pool's ranks serve many cells over a duplex control pipe
+        self.use_spares = False  # ranks forked ahead of need (nbddp/spares.py)
 
     # ----------------------------------------------------------------- public
     def run(self) -> RunResult:
@@ -136,6 +135,8 @@ class Launch:
         self.result.ended_at = time.time()
         diagnosis.add_hints(self.result)
         self._emit("launch_finished", self.result)
+        if self.use_spares and not self.result.interrupted:
+            spares.refill(len(self.ranks))  # for the next cell, while the user reads this one
         return self.result
 
     def kill_now(self) -> None:
@@ -148,8 +149,10 @@ class Launch:
     def _start_all(self, cell_path, port, run_id, backend, log_dir) -> None:
         spec = self.spec
         ctx = starter.context(spec.start_method)
+        self.use_spares = spares.usable(spec, self.pool_mode)
+        ready = spares.take(len(self.result.ranks)) if self.use_spares else []
         prepared = []  # everything made first, then all ranks started at once (starter.start_all)
-        for res in self.result.ranks:
+        for i, res in enumerate(self.result.ranks):
             rank = _Rank(res)
             self.ranks.append(rank)
             r = res.rank
@@ -157,15 +160,12 @@ class Launch:
             res.stderr_path = os.path.join(log_dir, f"rank{r}.stderr")
             rank.stack_path = os.path.join(log_dir, f"rank{r}.stacks")
             rank.logs = {"stdout": open(res.stdout_path, "wb"), "stderr": open(res.stderr_path, "wb")}
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            life_r, life_w = os.pipe()
-            ctl_r, ctl_w = ctx.Pipe(duplex=self.pool_mode)
+            plumbing = ready[i] if i < len(ready) else spares.Plumbing(ctx, duplex=self.pool_mode)
             env = rank_env(spec, r, master_port=port, run_id=run_id,
                            error_file=os.path.join(log_dir, f"rank{r}.error.json"),
                            base_env=self.base_env)
-            # The plain data goes as one stdlib pickle: multiprocess pickles the job with dill,
-            # pure Python and ~3 ms a rank for the environment alone, on the launch's critical path.
+            # One stdlib pickle, sent over the rank's job pipe: multiprocess would pickle it with
+            # dill (pure Python, ~3 ms a rank), and a spare forked earlier gets it the same way.
             plain = pickle.dumps({
                 "rank": r, "env": env, "cwd": self.cwd, "sys_path": list(sys.path),
                 "argv": [cell_path] + legacy_argv(spec, r) + list(spec.script_args),
@@ -174,27 +174,23 @@ class Launch:
                 "pull": [name.split("@")[0] for name in spec.pull], "backend": backend, "push": self.push,
                 "pool": self.pool_mode,
             }, protocol=pickle.HIGHEST_PROTOCOL)
-            job = {
-                "plain": plain,
-                "stdout": Connection(out_w, readable=False), "stderr": Connection(err_w, readable=False),
-                "lifeline": Connection(life_r, writable=False), "ctl": ctl_w,
-            }
-            rank.process = ctx.Process(target=worker.entry, args=(job,), name=f"nbddp-rank{r}")
-            rank.ctl, rank.lifeline_w = ctl_r, life_w
-            prepared.append((rank, job, (out_r, err_r)))
+            rank.process, rank.ctl, rank.lifeline_w = plumbing.process, plumbing.ctl, plumbing.life_w
+            prepared.append((rank, plumbing, plain))
+        for rank, plumbing, plain in prepared[:len(ready)]:  # spares begin while the rest fork
+            plumbing.send_job(plain)
+            self._watch(rank, plumbing.out_r, plumbing.err_r)
+        fresh = prepared[len(ready):]
         try:
-            starter.start_all([rank.process for rank, _, _ in prepared])
+            starter.start_all([plumbing.process for _, plumbing, _ in fresh])
         finally:  # also after a failed start: the started ranks are watched (and ended by cleanup)
-            for rank, job, (out_r, err_r) in prepared:
-                for conn in (job["stdout"], job["stderr"], job["lifeline"], job["ctl"]):
-                    conn.close()
-                if getattr(rank.process, "_popen", None) is None:  # never started
-                    for fd in (out_r, err_r, rank.lifeline_w):
-                        os.close(fd)
-                    rank.ctl.close()
+            for rank, plumbing, plain in fresh:
+                plumbing.close_child_ends()
+                if not plumbing.started:
+                    plumbing.discard()
                     rank.ctl = rank.lifeline_w = None
                     continue
-                self._watch(rank, out_r, err_r)
+                plumbing.send_job(plain)
+                self._watch(rank, plumbing.out_r, plumbing.err_r)
 
     def _watch(self, rank: _Rank, out_r: int, err_r: int) -> None:
         """A started rank: its pipes and exit go into the selector."""

@@ -22,12 +22,30 @@ import types
 CURRENT: dict = {}
 
 
+try:  # loaded once, in the forkserver
+    import ctypes
+
+    _LIBC = ctypes.CDLL(None)
+except Exception:  # pragma: no cover - not Linux
+    _LIBC = None
+
+
 def entry(job: dict) -> None:
     """Process target: set up, run, report, exit. Never returns."""
     ctl = job["ctl"]
     code = 1
+    os.setsid()  # own process group: the launcher ends the rank and all it started at once
+    _set_name(b"nbddp-spare")
+    if job.pop("spare", False):
+        _send(ctl, ("ready",))
+    try:  # the rank's data comes when a launch needs this process (nbddp/spares.py)
+        data = job["jobpipe"].recv_bytes()
+    except (EOFError, OSError):
+        os._exit(0)  # never used: the kernel ended or discarded it
+    job.pop("jobpipe").close()
     try:
-        job.update(pickle.loads(job.pop("plain")))  # see Launch._start_all
+        job.update(pickle.loads(data))
+        _set_name(f"nbddp-rank{job['rank']}".encode()[:15])
         _become_script(job)
         _send(ctl, ("started", os.getpid(), time.time()))
         code = _serve(job, ctl) if job.get("pool") else _run(job, ctl)
@@ -39,6 +57,15 @@ def entry(job: dict) -> None:
     _finish(ctl, code)
 
 
+def _set_name(name: bytes) -> None:
+    """The name ``ps -o comm``, ``top`` and psutil show (Linux)."""
+    try:
+        if _LIBC is not None:
+            _LIBC.prctl(15, name, 0, 0, 0)  # PR_SET_NAME
+    except Exception:
+        pass
+
+
 def _send(ctl, message) -> None:
     try:
         ctl.send(message)
@@ -48,7 +75,6 @@ def _send(ctl, message) -> None:
 
 def _become_script(job: dict) -> None:
     CURRENT.update(rank=job["rank"], backend=job.get("backend"))
-    os.setsid()  # own process group: the launcher ends the rank and all it started at once
     for fd, conn in ((1, job["stdout"]), (2, job["stderr"])):
         os.dup2(conn.fileno(), fd)
         conn.close()

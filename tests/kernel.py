@@ -91,17 +91,30 @@ class Kernel:
                                  + "\n".join(reply.error["traceback"]) + "\n" + reply.text)
         return reply
 
+    def settle(self) -> None:
+        """Wait until nbddp has finished forking spare processes for the next cell (between cells)."""
+        self.ok("import nbddp.spares as _spares; _spares.settle()")
+
     def descendants(self) -> list[psutil.Process]:
+        """Processes under the kernel, without nbddp's idle spares (they have run nothing)."""
         try:
-            return psutil.Process(self.pid).children(recursive=True)
+            procs = psutil.Process(self.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
+        return [p for p in procs if not _is_spare(p)]
 
     def shutdown(self) -> None:
         try:
             self.kc.stop_channels()
         finally:
             self.km.shutdown_kernel(now=True)
+
+
+def _is_spare(proc) -> bool:
+    try:
+        return proc.name() == "nbddp-spare"
+    except psutil.Error:
+        return False
 
 
 def alive(pids) -> list[int]:
@@ -128,6 +141,7 @@ def wait_gone(pids, timeout: float = 5.0) -> list[int]:
 
 def worker_pids(kernel: Kernel) -> list[int]:
     """Processes under the kernel that are ranks (not the forkserver or resource tracker)."""
+    kernel.settle()
     result = []
     for proc in kernel.descendants():
         try:

@@ -121,6 +121,7 @@ def test_syntax_error_reported_once_before_spawning(kernel):
     ("-n 2 --timeout -1", "--timeout must be more than 0"),
 ])
 def test_bad_arguments_raise_usage_error_before_any_process(kernel, line, reason):
+    kernel.settle()
     before = set(p.pid for p in kernel.descendants())
     reply = kernel.execute(f"%%ddp {line}\nprint('ran')")
     # IPython shows a UsageError as one line on stderr, and the cell's status is "error"

@@ -278,6 +278,7 @@ print(s.getsockname()[1], flush=True); time.sleep(120)
 """], stdout=subprocess.PIPE, text=True)
     try:
         port = int(holder.stdout.readline())
+        kernel.settle()
         before = {p.pid for p in kernel.descendants()}
         reply = kernel.execute(f"%%ddp -n 2 --master-port {port}\nprint('ran')")
         after = {p.pid for p in kernel.descendants()}

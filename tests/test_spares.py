@@ -1,0 +1,81 @@
+"""Spares (nbddp/spares.py): processes forked after a cell for the next one. A cell served by
+spares must be indistinguishable from one whose ranks were forked for it, and no spare may
+outlive the kernel."""
+import json
+import os
+import signal
+
+from kernel import Kernel, alive, wait_gone
+
+DUMP = """%%ddp -n 3 -- --flag x
+import os, sys, json, torch
+print(json.dumps({"env": dict(os.environ), "argv": sys.argv[1:], "name": __name__, "cwd": os.getcwd(),
+                  "threads": torch.get_num_threads(), "path0": sys.path[0]}))
+"""
+
+
+def spare_pids(kernel):
+    kernel.settle()
+    return json.loads(kernel.ok("import json, nbddp.spares as s; print(json.dumps(s.pids()))").stdout)
+
+
+def rank_pids(kernel):
+    return json.loads(kernel.ok("import json; print(json.dumps([r.pid for r in _ddp.ranks]))").stdout)
+
+
+def dumps(reply):
+    found = (json.loads(line.split(":", 1)[1]) for line in reply.stdout.splitlines() if line.startswith("[rank"))
+    return {d["env"]["RANK"]: d for d in found}
+
+
+def comparable(dump):
+    varying = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "NBDDP_SPARES"}
+    return {**dump, "env": {k: v for k, v in dump["env"].items() if k not in varying}}
+
+
+def test_a_cell_on_spares_sees_what_a_freshly_forked_cell_sees(fresh_kernel):
+    k = fresh_kernel
+    k.ok("%env NBDDP_SPARES=0")  # the kernel reads it per launch: this cell's ranks are forked for it
+    forked = dumps(k.ok("%%ddp --output text" + DUMP[len("%%ddp"):]))
+    k.ok("%env NBDDP_SPARES=8")
+    k.ok("%%ddp -n 3\npass")  # leaves 3 spares behind
+    waiting = spare_pids(k)
+    assert len(waiting) == 3, waiting
+    on_spares = dumps(k.ok("%%ddp --output text" + DUMP[len("%%ddp"):]))
+    assert sorted(rank_pids(k)) == sorted(waiting), "the cell did not run on the spares"
+    assert set(forked) == set(on_spares) == {"0", "1", "2"}
+    for r in forked:
+        assert comparable(on_spares[r]) == comparable(forked[r])
+    assert on_spares["1"]["argv"] == ["--flag", "x"] and on_spares["1"]["threads"] == 1
+
+
+def test_no_spare_outlives_the_kernel(tmp_path):
+    k = Kernel(cwd=str(tmp_path))
+    try:
+        k.ok("%load_ext nbddp")
+        k.ok("%%ddp -n 4\npass")
+        waiting = spare_pids(k)
+        assert len(waiting) == 4 and not wait_gone(rank_pids(k), 5)
+    finally:
+        k.km.shutdown_kernel(now=True)  # SIGKILL: no atexit; the spares' job pipes close
+    assert not wait_gone(waiting, 5), f"spares outlived the kernel: {alive(waiting)}"
+
+
+def test_a_spare_killed_from_outside_is_replaced(kernel):
+    kernel.ok("%%ddp -n 2\npass")
+    waiting = spare_pids(kernel)
+    os.kill(waiting[0], signal.SIGKILL)
+    assert not wait_gone([waiting[0]], 5)
+    reply = kernel.ok("%%ddp -n 2 --output text\nimport os\nprint('rank', os.environ['RANK'])")
+    assert "[rank0]:rank 0" in reply.stdout and "[rank1]:rank 1" in reply.stdout, reply.text
+    assert waiting[0] not in rank_pids(kernel)
+
+
+def test_nbddp_spares_0_keeps_none(kernel):
+    kernel.ok("%env NBDDP_SPARES=0")
+    try:
+        kernel.ok("import nbddp.spares as s; s.clear()")
+        kernel.ok("%%ddp -n 2\npass")
+        assert spare_pids(kernel) == []
+    finally:
+        kernel.ok("%env NBDDP_SPARES=8")
