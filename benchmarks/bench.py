@@ -67,10 +67,20 @@ def stats(times):
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)}
 
 
-def timed(fn, repeats, warmup=1):
-    for _ in range(warmup):
-        fn()
-    return stats([fn() for _ in range(repeats)])
+THINK_S = 0.5  # a (short) pause between cells, as a user reading the output makes; untimed
+
+
+def timed(fn, repeats, warmup=1, pause=THINK_S):
+    """Median/min/max of ``repeats`` calls after ``warmup``, with ``pause`` seconds between
+    calls (every peer alike; nbddp forks its spare processes for the next cell in such a pause)."""
+    times = []
+    for i in range(warmup + repeats):
+        if pause:
+            time.sleep(pause)
+        t = fn()
+        if i >= warmup:
+            times.append(t)
+    return stats(times)
 
 
 class Bench:
@@ -95,6 +105,10 @@ class Bench:
     def ddp_fresh(self, n):
         self.put("trivial", n, "ddp fresh", timed(self.cell(f"%%ddp -n {n} --output text\n{TRIVIAL}"), self.repeats))
         self.put("allreduce", n, "ddp fresh", timed(self.cell(f"%%ddp -n {n} --output text\n{ALLREDUCE}"), self.repeats))
+        # the same cells back to back: the spares for the next cell are still being forked
+        for case, code in (("trivial", TRIVIAL), ("allreduce", ALLREDUCE)):
+            self.put(case, n, "ddp fresh, no pause",
+                     timed(self.cell(f"%%ddp -n {n} --output text\n{code}"), self.repeats, pause=0))
 
     def pool_available(self):
         reply = self.k.ok("print('ddp_pool' in get_ipython().magics_manager.magics['line'])")
@@ -137,7 +151,16 @@ class Bench:
         except ImportError:
             self.put("allreduce", n, "accelerate", "not installed")
             return
-        self.k.ok(textwrap.dedent("""\
+        # In its own kernel, as its users run it: notebook_launcher forks the whole kernel, and
+        # in a kernel where nbddp had run, a forked rank deadlocked in libc now and then here.
+        self.acc = Kernel(cwd=tempfile.mkdtemp(prefix="nbddp-bench-acc-"))
+        try:
+            self._accelerate(n)
+        finally:
+            self.acc.shutdown()
+
+    def _accelerate(self, n):
+        self.acc.ok(textwrap.dedent("""\
             from accelerate import notebook_launcher
             def _acc_allreduce():
                 import torch, torch.distributed as dist
@@ -153,10 +176,10 @@ class Bench:
                 # notebook_launcher forks the (multi-threaded) kernel; a forked rank can hang.
                 # Such a run is reported as hung, its processes killed, never timed.
                 try:
-                    reply = self.k.execute(code, timeout=ACCELERATE_HANG_S)
+                    reply = self.acc.execute(code, timeout=ACCELERATE_HANG_S)
                 except TimeoutError:
                     self.kill_forked_kernels()
-                    self.k.execute("pass", timeout=60)  # wait for the failed cell to end
+                    self.acc.execute("pass", timeout=60)  # wait for the failed cell to end
                     raise Hung()
                 if reply.error:
                     raise RuntimeError(f"{reply.error['ename']}: {reply.error['evalue'][:80]}")
@@ -170,9 +193,9 @@ class Bench:
 
     def kill_forked_kernels(self):
         """Processes notebook_launcher forked from the kernel (they show the kernel's cmdline)."""
-        for proc in self.k.descendants():
+        for proc in self.acc.descendants():
             try:
-                if proc.ppid() == self.k.pid and "ipykernel" in " ".join(proc.cmdline()):
+                if proc.ppid() == self.acc.pid and "ipykernel" in " ".join(proc.cmdline()):
                     proc.kill()
             except Exception:
                 pass
@@ -263,6 +286,7 @@ class Bench:
         rows = []
         for i in range(repeats + 1):
             self.k.ok("phases.reset()")
+            time.sleep(THINK_S)
             reply = self.k.ok(f"%%ddp -n {n} --output text\n{body}")
             got = self.k.ok("import json; print(json.dumps([phases.summary(), phases.STAMPS]))").stdout
             spans, stamps = __import__("json").loads(got)
@@ -302,10 +326,11 @@ class Bench:
             self.k.shutdown()
 
 
-PEERS = ["ddp fresh", "ddp pool", "torchrun", "accelerate", "ipyparallel", "mp spawn", "local cell"]
+PEERS = ["ddp fresh", "ddp fresh, no pause", "ddp pool", "torchrun", "accelerate", "ipyparallel", "mp spawn", "local cell"]
 
 
 def report(bench: Bench, path_md: str, path_png: str) -> str:
+    os.makedirs(os.path.dirname(path_md), exist_ok=True)
     load = os.getloadavg()
     import torch
     lines = [f"# nbddp benchmark — {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC", "",

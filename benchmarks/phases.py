@@ -31,15 +31,14 @@ def _wrap(owner, name, label):
 
 
 def install() -> None:
-    from nbddp import api, launcher, starter, views
+    from nbddp import api, launcher, spares, views
 
     _wrap(api, "compile_cell", "compile")
     _wrap(views, "make_sinks", "sinks")
     _wrap(launcher, "host_store", "store")
     _wrap(launcher, "new_log_dir", "logdir")
     _wrap(launcher.Launch, "_start_all", "start_all")
-    _wrap(starter, "start_all", "start_ranks")  # all ranks' forkserver round trips (they overlap)
-    _wrap(starter, "start", "fork_sum")      # one round trip per rank, summed over the ranks
+    _wrap(spares, "take", "take_spares")      # ranks forked after the last cell, ready
     _wrap(launcher.Launch, "_pump", "pump")
     _wrap(launcher.Launch, "_cleanup", "cleanup")
     _wrap(launcher.Launch, "_emit", "emit")  # every event to every sink (the output path)
