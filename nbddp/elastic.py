@@ -160,8 +160,9 @@ class ElasticLaunch:
         env.update(dict(spec.env))
         env[PREFIX_VAR] = "[rank${rank}]:"
         env[STATUS_DIR_VAR] = self.status_dir
-        if legacy_flag(spec) is not None:
-            env[LEGACY_VAR] = legacy_flag(spec)
+        flag = legacy_flag(spec)
+        if flag is not None:
+            env[LEGACY_VAR] = flag
         cmd = self.command(cell_path)
         with open(os.path.join(log_dir, "torchrun-command.txt"), "w") as f:
             f.write(shlex.join(cmd) + "\n")

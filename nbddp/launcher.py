@@ -340,11 +340,10 @@ class Launch:
 
     def _collect_stacks(self, ranks) -> None:
         """Ask each live rank for its Python stacks (faulthandler on SIGUSR1) and keep them."""
-        live = {id(rank): rank for rank in ranks if rank.alive and rank.started}
-        dumps = stacks.ask([(key, rank.process.pid, rank.stack_path) for key, rank in live.items()])
+        dumps = stacks.ask([(rank, rank.process.pid, rank.stack_path)
+                            for rank in ranks if rank.alive and rank.started])
         cell_path = os.path.join(self.result.log_dir, "cell.py")
-        for key, text in dumps.items():
-            rank = live[key]
+        for rank, text in dumps.items():
             rank.result.stack = text
             rank.result.blocked_at = diagnosis.blocked_at(text, cell_path, self.source)
 

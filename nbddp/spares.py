@@ -25,8 +25,7 @@ from . import starter, worker
 DEFAULT_LIMIT = 8
 _lock = threading.Lock()
 _stock: list["Plumbing"] = []
-_refilling = threading.Event()
-_worker: threading.Thread | None = None
+_worker: threading.Thread | None = None  # the refill running now, if any
 
 
 def limit() -> int:
@@ -44,7 +43,7 @@ class Plumbing:
         self.err_r, err_w = os.pipe()
         life_r, self.life_w = os.pipe()
         self.ctl, ctl_w = ctx.Pipe(duplex=duplex)
-        self.job_w, job_r = ctx.Pipe(duplex=False)[::-1]
+        job_r, self.job_w = ctx.Pipe(duplex=False)
         self._child_ends = [Connection(out_w, readable=False), Connection(err_w, readable=False),
                             Connection(life_r, writable=False), ctl_w, job_r]
         job = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends))
@@ -105,9 +104,8 @@ def take(n: int) -> list[Plumbing]:
 def refill(n: int) -> None:
     """Fork spares in the background until ``min(n, limit())`` wait."""
     want = min(n, limit())
-    if want <= 0 or _refilling.is_set():
+    if want <= 0 or (_worker is not None and _worker.is_alive()):
         return
-    _refilling.set()
 
     def work():
         try:
@@ -131,8 +129,6 @@ def refill(n: int) -> None:
                         p.discard()
         except Exception:
             pass  # spares only save time: the next launch forks its ranks itself
-        finally:
-            _refilling.clear()
 
     global _worker
     _worker = threading.Thread(target=work, name="nbddp-spares", daemon=True)

@@ -172,7 +172,7 @@ def launch_line(result, spec, backend: str, times: str = "x") -> str:
     """The launch's shape, backend and meeting point: the first thing both views show."""
     n = result.world_size
     shape = f"{spec.nnodes} node{'s' if spec.nnodes > 1 else ''} {times} {spec.nproc_per_node}"
-    if getattr(spec, "launcher", "nbddp") == "torchrun":
+    if spec.launcher == "torchrun":
         if spec.rdzv_endpoint:
             where = f"torchrun, {spec.rdzv_backend} rendezvous at {spec.rdzv_endpoint}"
         elif spec.master_port is not None:

@@ -35,8 +35,8 @@ def entry(job: dict) -> None:
     ctl = job["ctl"]
     code = 1
     os.setsid()  # own process group: the launcher ends the rank and all it started at once
-    _set_name(b"nbddp-spare")
     if job.pop("spare", False):
+        _set_name(b"nbddp-spare")
         _send(ctl, ("ready",))
     try:  # the rank's data comes when a launch needs this process (nbddp/spares.py)
         data = job["jobpipe"].recv_bytes()
