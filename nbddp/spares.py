@@ -103,6 +103,7 @@ def take(n: int) -> list[Plumbing]:
 
 def refill(n: int) -> None:
     """Fork spares in the background until ``min(n, limit())`` wait."""
+    global _worker
     want = min(n, limit())
     if want <= 0 or (_worker is not None and _worker.is_alive()):
         return
@@ -130,7 +131,6 @@ def refill(n: int) -> None:
         except Exception:
             pass  # spares only save time: the next launch forks its ranks itself
 
-    global _worker
     _worker = threading.Thread(target=work, name="nbddp-spares", daemon=True)
     _worker.start()
 
