@@ -150,7 +150,8 @@ def settle(timeout: float = 10.0) -> None:
 
 
 def clear() -> None:
-    """End every waiting spare (kernel exit, tests)."""
+    """End every waiting spare (kernel exit, tests), after a refill in flight has added its own."""
+    settle()
     with _lock:
         spares = list(_stock)
         _stock.clear()
