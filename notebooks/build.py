@@ -42,7 +42,7 @@ def lesson(name):
     return register
 
 
-LOAD = "%load_ext nbddp\n%matplotlib inline"
+LOAD = "%load_ext nbddp"  # no %matplotlib inline: ipykernel renders plots inline by default
 
 
 # --------------------------------------------------------------------------------------- 01

@@ -27,11 +27,12 @@ class Reply:
 
 
 class Kernel:
-    """Start a kernel with this interpreter, run cells in it, and inspect its processes."""
+    """Start a kernel with this interpreter (or ``python``: another venv's), run cells in it, and
+    inspect its processes."""
 
-    def __init__(self, cwd: str | None = None, env: dict | None = None):
+    def __init__(self, cwd: str | None = None, env: dict | None = None, python: str | None = None):
         self.km = KernelManager(kernel_name="python3")
-        self.km.kernel_spec.argv[0] = sys.executable
+        self.km.kernel_spec.argv[0] = python or sys.executable
         kw = {"cwd": cwd} if cwd else {}
         if env is not None:
             kw["env"] = env
