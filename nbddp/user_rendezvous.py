@@ -23,6 +23,7 @@ import importlib.util
 import linecache
 import multiprocessing.util
 import os
+import re
 import socket
 import sys
 from urllib.parse import parse_qs, urlparse
@@ -96,7 +97,10 @@ def _wrap_handlers(module) -> None:
 
 def _wrapped(scheme: str, handler):
     def rendezvous_handler(url, *args, **kwargs):
-        agent, rank0_port = _plan(scheme, url)
+        try:
+            agent, rank0_port = _plan(scheme, url)
+        except RendezvousError as exc:  # the traceback ends here, not in nbddp's helpers
+            raise exc.with_traceback(None) from None
         if agent:
             yield from handler(url, *args, **kwargs)
             return
@@ -185,14 +189,15 @@ def _not_here(host: str) -> str | None:
 
 def _where(value, *names) -> str:
     """'set at cell line 5: os.environ["MASTER_PORT"] = "12355"' — the cell line that most
-    likely set ``value`` (names the variable and holds the value, else either)."""
+    likely set ``value``: one naming the variable and holding the value (as a whole token, so
+    port 43123 does not match a 3), else one holding the value, else one naming the variable."""
     path = LAUNCH.get("cell")
     lines = linecache.getlines(path) if path else []
-    value = str(value)
+    token = re.compile(rf"(?<![\w.]){re.escape(str(value))}(?![\w.])")
     found = [(i, text.strip()) for i, text in enumerate(lines, 1)
              if not text.lstrip().startswith("#")]
-    for pick in (lambda t: value in t and any(n in t for n in names),
-                 lambda t: value in t, lambda t: any(n in t for n in names)):
+    for pick in (lambda t: token.search(t) and any(n in t for n in names),
+                 lambda t: token.search(t), lambda t: any(n in t for n in names)):
         for number, text in found:
             if pick(text):
                 return f"set at cell line {number}: {text}"
