@@ -101,6 +101,8 @@ def _wrapped(scheme: str, handler):
             agent, rank0_port = _plan(scheme, url)
         except RendezvousError as exc:  # the traceback ends here, not in nbddp's helpers
             raise exc.with_traceback(None) from None
+        except Exception:  # never break torch's own path: without a plan, torchrun's behaviour
+            agent, rank0_port = True, None
         if agent:
             yield from handler(url, *args, **kwargs)
             return
