@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlparse
 
 FLAG = "TORCHELASTIC_USE_AGENT_STORE"
 _MODULE = "torch.distributed.rendezvous"
-# What this process was launched with: addr, port, cell; world_size and pid in an nbddp rank only
+# What this process was launched with: addr, port, cell; world_size, rank, pid in an nbddp rank only
 # (a process it forks is not one of the launch's ranks)
 LAUNCH: dict = {}
 
@@ -43,7 +43,8 @@ def install(env: dict, cell_path: str | None) -> None:
     """In an nbddp rank, after its environment is set: remember the launch, wrap torch's
     handlers (now, or when torch.distributed is first imported) and multiprocessing's children."""
     LAUNCH.update(addr=env.get("MASTER_ADDR"), port=env.get("MASTER_PORT"),
-                  world_size=env.get("WORLD_SIZE"), cell=cell_path, pid=os.getpid())
+                  world_size=env.get("WORLD_SIZE"), rank=env.get("RANK"), cell=cell_path,
+                  pid=os.getpid())
     _hook()
 
 
@@ -113,8 +114,11 @@ def _wrapped(scheme: str, handler):
         except RuntimeError as exc:  # DistNetworkError included
             text = str(exc)
             if rank0_port and ("EADDRINUSE" in text or "address already in use" in text.lower()):
+                mine = LAUNCH.get("rank") if LAUNCH.get("pid") == os.getpid() else "0"
+                also = f" (perhaps another rank: this is rank {mine} of the launch, passing rank=0)"
                 raise RendezvousError(f"port {rank0_port} ({_where(rank0_port, 'MASTER_PORT')}) is "
-                                      f"held by another process on this machine") from None
+                                      f"held by another process on this machine"
+                                      f"{also if mine != '0' else ''}") from None
             raise
         yield first
         yield from rendezvous

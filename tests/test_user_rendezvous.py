@@ -147,3 +147,16 @@ def test_which_addresses_are_here():
     assert user_rendezvous._not_here("127.0.0.1") is None
     assert user_rendezvous._not_here(socket.gethostname()) is None
     assert user_rendezvous._not_here("10.255.255.1") == "is not an address of this machine"
+
+
+def test_every_rank_passing_rank_0(kernel):
+    """A tutorial's setup(0, 2) pasted unchanged: both ranks try to host; the second is told why."""
+    text = failing(kernel, f"""%%ddp -n 2
+import os, time, torch.distributed as dist
+if os.environ["RANK"] == "1":
+    time.sleep(1)                                  # rank 0 of the launch binds the port first
+os.environ["MASTER_PORT"] = "{free_port()}"
+dist.init_process_group("gloo", rank=0, world_size=2)
+""")
+    assert "is held by another process on this machine (perhaps another rank: this is rank 1 " \
+           "of the launch, passing rank=0) at cell line 6)" in text, text
