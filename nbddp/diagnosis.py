@@ -168,6 +168,16 @@ HINTS: list[tuple[re.Pattern, str]] = [
     (re.compile(r"environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected", re.I),
      "env:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE from the environment; a launcher "
      "(torchrun, or %%ddp) sets them. Run this under %%ddp, or set them yourself."),
+    # a cell's own rendezvous (nbddp/user_rendezvous.py names the cell line in the message)
+    (re.compile(r"\) is held by another process on this machine"),
+     "rank 0 hosts the rendezvous store on the port the cell chose, so it must be free: pick "
+     "another, or drop the MASTER_ADDR/MASTER_PORT lines (%%ddp sets a free one)."),
+    (re.compile(r"\) (is not an address of this machine|does not resolve)"),
+     "every rank of %%ddp runs on this machine: use localhost, or drop the MASTER_ADDR/"
+     "MASTER_PORT lines (%%ddp sets them)."),
+    (re.compile(r"world_size=\d+ \(.*\) but this %%ddp launch has \d+ ranks"),
+     "the group would wait for ranks that never come: pass the launch's size (or change -n), "
+     "or leave rank= and world_size= out (%%ddp sets RANK and WORLD_SIZE)."),
     (re.compile(r"EADDRINUSE|address already in use", re.I),
      "the rendezvous port is held by another process: omit --master-port to get a free one, "
      "or end the job that holds it."),

@@ -18,6 +18,8 @@ import time
 import traceback
 import types
 
+from . import user_rendezvous
+
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
 
@@ -95,6 +97,7 @@ def _become_script(job: dict) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.clear()
     os.environ.update(job["env"])
+    user_rendezvous.install(job["env"], job["cell_path"])  # a cell's own MASTER_PORT/tcp:// works
     _apply_thread_env()
     os.chdir(job["cwd"])
     sys.path[:] = [job["cwd"]] + [p for p in job["sys_path"] if p not in ("", job["cwd"])]

@@ -898,6 +898,53 @@ def _06():
         alone = subprocess.run([sys.executable, "-c", lonely], env=env, capture_output=True, text=True, timeout=60)
         print("exit code", alone.returncode, "|", alone.stderr.strip().splitlines()[-1][:300])
         """),
+        md("""
+        ## 5 · Not a pitfall here: a tutorial's own `setup()`
+        PyTorch's DDP tutorial starts each process with its own meeting point and numbers:
+        `os.environ["MASTER_PORT"] = "12355"` then `init_process_group("gloo", rank=rank, world_size=world_size)`
+        (or `init_method="tcp://127.0.0.1:12355"`). Under `torchrun --standalone` that code **hangs**: torchrun tells
+        its ranks `TORCHELASTIC_USE_AGENT_STORE=True` ("the launcher hosts the store"), so rank 0 too waits as a
+        client on a port no one serves. `%%ddp` sets the same variable, but uses its own store only when the cell
+        aims at it; aimed elsewhere, rank 0 hosts the store as in a plain script, and the cell runs. The same holds
+        in processes a rank starts with `mp.spawn` (the tutorial's whole script in a `%%ddp -n 1` cell runs).
+        """),
+        code("""
+        with socket.socket() as s:                    # the tutorial's 12355 may be taken on a shared machine
+            s.bind(("127.0.0.1", 0)); tutorial_port = s.getsockname()[1]
+        tutorial = f'''
+        import os, torch, torch.distributed as dist
+
+        def setup(rank, world_size):
+            os.environ["MASTER_ADDR"] = "localhost"
+            os.environ["MASTER_PORT"] = "{tutorial_port}"
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+        setup(int(os.environ["RANK"]), {world_size})
+        t = torch.ones(1); dist.all_reduce(t)
+        print("all_reduce over the tutorial's own rendezvous:", t.item())
+        dist.destroy_process_group()
+        '''
+        get_ipython().run_cell_magic("ddp", f"-n {world_size}", tutorial)
+        own_rendezvous = _ddp
+        """),
+        md("""
+        What cannot work on one machine fails at once, naming the line: an address that is not this machine's,
+        a port another process holds, or a `world_size` other than the launch's (the group would wait forever):
+        """),
+        code("""
+        try:
+            get_ipython().run_cell_magic("ddp", f"-n {world_size}", tutorial.replace(f", {world_size})", f", {world_size + 1})"))
+            raise AssertionError("expected a DDPError")
+        except nbddp.DDPError as exc:
+            wrong_size = exc.result
+        failed = [r for r in wrong_size.ranks if r.state == "failed"][0]
+        print(failed.cause, "\\nHint:", failed.hint)
+        """),
+        code("""
+        assert own_rendezvous.ok and all(f"rendezvous: {world_size:.1f}" in r.stdout for r in own_rendezvous.ranks)
+        assert f"world_size={world_size + 1} (set at cell line 10: setup(" in failed.cause
+        assert f"but this %%ddp launch has {world_size} ranks" in failed.cause and failed.hint
+        """),
         md("## Check"),
         code("""
         assert "cannot be split evenly over --nnodes 3" in config_errors["-n 4 --nnodes 3"]

@@ -44,6 +44,12 @@ REAL_TEXTS = {
     "peer_reset": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read "
                   "error [127.0.0.1]:29837: Connection reset by peer. This is typically caused by "
                   "a remote worker hanging or bugs in the application.",
+    # nbddp/user_rendezvous.py, as tests/test_user_rendezvous.py produces them
+    "own_port": 'port 41235 (set at cell line 4: os.environ["MASTER_PORT"] = "41235") is held by '
+                "another process on this machine",
+    "own_addr": "MASTER_ADDR '10.255.255.1' (set at cell line 3: os.environ[\"MASTER_ADDR\"] = "
+                "\"10.255.255.1\") is not an address of this machine",
+    "own_size": "world_size=4 (set at cell line 5: world_size=4)) but this %%ddp launch has 2 ranks",
 }
 
 EXPECTED = {  # a phrase the hint for each text must contain
@@ -59,6 +65,9 @@ EXPECTED = {  # a phrase the hint for each text must contain
     "no_cuda": "gloo",
     "peer_closed": "another rank ended",
     "peer_reset": "another rank ended",
+    "own_port": "rank 0 hosts the rendezvous store",
+    "own_addr": "runs on this machine",
+    "own_size": "ranks that never come",
 }
 
 
