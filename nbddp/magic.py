@@ -34,12 +34,18 @@ class DDPMagics(Magics):
         api.compile_cell(source)
         push = self._pushed(spec)
         type(self).last_cell = (line, cell)  # for %ddp_export
+        if spec.slurm and not spec.export:
+            raise UsageError("%%ddp: --slurm writes a Slurm job next to the exported script: "
+                             "use it with --export SCRIPT.py (or %ddp_export SCRIPT.py --slurm)")
         if spec.export:
             from . import export
             export.export_cell(spec.export, cell, line, spec)
         if spec.launcher == "torchrun":  # torch's elastic launcher runs the cell (nbddp/elastic.py)
             from . import elastic
             result = elastic.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))
+        elif spec.launcher == "slurm":  # srun runs torchrun on each node of an allocation (nbddp/slurm.py)
+            from . import slurm
+            result = slurm.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))
         elif pool is not None and not spec.fresh:
             self._check_fits_pool(spec, pool.spec)
             result = pool.run(source, ranks=spec.ranks_shown, timeout=spec.timeout, push=push,
