@@ -17,6 +17,20 @@ _SHAPE_FIELDS = ("nproc_per_node", "nnodes", "master_addr", "master_port", "back
 _POOL_USAGE = "usage: %ddp_pool start [%%ddp launch options] | status | restart | stop"
 
 
+_SLURM_JOB_FLAGS = ("--slurm", "--partition", "--account", "--time", "--sbatch")
+
+
+def _only_slurm_job_options(words: list[str]) -> bool:
+    """True for options that only shape the exported Slurm job (not the cell's ranks)."""
+    i = 0
+    while i < len(words):
+        flag = words[i].split("=", 1)[0]
+        if flag not in _SLURM_JOB_FLAGS:
+            return False
+        i += 1 if (flag == "--slurm" or "=" in words[i]) else 2
+    return bool(words)
+
+
 @magics_class
 class DDPMagics(Magics):
     """``%%ddp [options] [-- script args]``: run the cell as a torchrun-style job."""
@@ -76,7 +90,10 @@ class DDPMagics(Magics):
                 raise UsageError("%ddp_export: no %%ddp cell has run yet; run one, or use "
                                  "%%ddp_export SCRIPT.py [options] with the cell below")
             last_line, cell = self.last_cell
-            options = options or last_line
+            if not options or _only_slurm_job_options(words[1:]):  # "%ddp_export x.py --slurm": the last
+                last = shlex.split(last_line)                      # cell's line, plus the job's options
+                cut = last.index("--") if "--" in last else len(last)
+                options = shlex.join(last[:cut] + words[1:] + last[cut:])
         export.export_cell(path, cell, options)
         return None
 
