@@ -109,6 +109,24 @@ class SlurmLaunch(ElasticLaunch):
         finally:
             self.seen = seen
 
+    # -------------------------------------------------------------- result
+    def _finish(self) -> None:
+        super()._finish()
+        srun_failed = self._srun_errors()
+        for res in self.result.ranks:  # srun, not torchrun, is the agent the kernel watched
+            if srun_failed and res.cause.startswith("never started (torchrun ended"):
+                res.cause = "never started (srun ended before this rank ran)"
+
+    def _srun_errors(self) -> list[str]:
+        return [line.strip() for line in self.agent_lines if line.startswith("srun: error:")]
+
+    def _agent_failure(self, text: str, rc: int) -> str:
+        errors = self._srun_errors()
+        if not errors:
+            return super()._agent_failure(text, rc)
+        log = os.path.join(self.result.log_dir, "agent.log")
+        return f"srun exited with code {rc}: {errors[0][len('srun: error: '):][:300]} (srun's log: {log})"
+
     # ------------------------------------------------------------ stopping
     def _stop(self, reason: str, grace: float) -> None:
         super()._stop(reason, grace)

@@ -90,6 +90,12 @@ def job(tmp_path_factory):
     k.shutdown()
 
 
+def raised(reply, name: str) -> str:
+    """The cell's exception text, after checking the cell raised ``name``."""
+    assert reply.error and reply.error["ename"] == name, reply.text
+    return reply.error["evalue"]
+
+
 def in_cell(kernel) -> list[str]:
     return json.loads(kernel.ok("import json; print(json.dumps([r.stdout for r in _ddp.ranks]))").stdout)
 
@@ -153,8 +159,7 @@ def test_a_failing_rank_raises_ddperror_with_its_cause(job):
     kernel, _ = job
     reply = kernel.execute("%%ddp --launcher slurm -n 2\nimport os\nif os.environ['RANK'] == '1':\n"
                            "    raise ValueError('boom')\nprint('fine', os.environ['RANK'])\n", timeout=240)
-    assert reply.error and reply.error["ename"] == "DDPError", reply.text
-    assert "rank 1: failed (ValueError: boom at cell line 4)" in reply.error["evalue"], reply.error
+    assert "rank 1: failed (ValueError: boom at cell line 4)" in raised(reply, "DDPError"), reply.error
     assert "[rank0]:fine 0" in reply.stdout, reply.text
     assert not jobs()
 
@@ -173,8 +178,22 @@ def test_interrupt_cancels_the_job(job):
 
     reply = kernel.collect(msg_id, timeout=240, on_output=on_output)
     assert sent, reply.text
-    assert reply.error and reply.error["ename"] == "KeyboardInterrupt", reply.text
+    raised(reply, "KeyboardInterrupt")
     assert not jobs(), "the job outlived the interrupt"
     pid = int(re.search(r"PID (\d+)", reply.stdout).group(1))
     assert not os.path.exists(f"/proc/{pid}"), "the rank outlived the interrupt"
     assert time.monotonic() - sent[0] < 20
+
+
+@needs_slurm
+def test_timeout_stops_the_job_and_a_bad_partition_is_srun_s_error(job):
+    kernel, _ = job
+    reply = kernel.execute("%%ddp --launcher slurm -n 1 --timeout 20 --idle-warning 0\nimport time\n"
+                           "print('waiting', flush=True)\ntime.sleep(300)\n", timeout=240)
+    raised(reply, "DDPTimeout")
+    assert "rank 0 blocked at cell line 4: time.sleep(300)" in reply.text, reply.text
+    assert not jobs(), "the job outlived the timeout"
+    reply = kernel.execute("%%ddp --launcher slurm -n 2 --partition nosuch\nprint(1)\n", timeout=120)
+    text = raised(reply, "DDPError")
+    assert "srun exited with code 1: invalid partition specified: nosuch" in text, text
+    assert "rank 0: failed (never started (srun ended before this rank ran))" in text, text
