@@ -82,7 +82,7 @@ class SlurmLaunch(ElasticLaunch):
                                        python=shlex.quote(sys.executable),
                                        options=" ".join(self.options)))
         spec = self.spec
-        srun = ["srun", f"--nodes={spec.nnodes}", "--ntasks-per-node=1",
+        srun = ["srun", f"--nodes={spec.nnodes}", f"--ntasks={spec.nnodes}", "--ntasks-per-node=1",
                 f"--cpus-per-task={spec.nproc_per_node}", "--kill-on-bad-exit=1", f"--job-name={self.job_name}"]
         if wants_gpus(spec):
             srun.append(f"--gpus-per-node={spec.nproc_per_node}")

@@ -125,12 +125,13 @@ def test_exported_sbatch_job_gives_each_rank_the_cells_output(job, tmp_path):
     reply = kernel.ok("%%ddp -n 2 --env GREETING=hi --export one.py --slurm -- --lr 0.5\n" + CELL, timeout=120)
     assert "nbddp: wrote one.sbatch; submit it from" in reply.stdout, reply.text
     expected = {"one": dict(enumerate(in_cell(kernel)))}
-    if two:  # the multi-node path: two nodes of two ranks, from %ddp_export of a 4-rank cell
-        kernel.ok("%%ddp --nnodes 2 -n 4 --env GREETING=hi -- --lr 0.5\n" + CELL, timeout=120)
+    if two:  # the multi-node path: two nodes of one rank, from %ddp_export of the last cell
+        kernel.ok("%%ddp --nnodes 2 -n 2 --env GREETING=hi -- --lr 0.5\n" + CELL, timeout=120)
         expected["two"] = dict(enumerate(in_cell(kernel)))
         reply = kernel.ok("%ddp_export two.py --slurm")
         assert "#SBATCH --nodes=2" in (folder / "two.sbatch").read_text()
     assert "rank 1 local 1 group 0 world 2 sum 3.0 omp 1" in expected["one"][1], expected
+    assert not two or "rank 1 local 0 group 1 world 2 sum 3.0 omp None" in expected["two"][1], expected
     runs = {name: submit(folder, name, tmp_path / name) for name in expected}
     for name, proc in runs.items():
         text, _ = proc.communicate(timeout=300)
@@ -197,3 +198,25 @@ def test_timeout_stops_the_job_and_a_bad_partition_is_srun_s_error(job):
     text = raised(reply, "DDPError")
     assert "srun exited with code 1: invalid partition specified: nosuch" in text, text
     assert "rank 0: failed (never started (srun ended before this rank ran))" in text, text
+
+
+@needs_slurm
+def test_inside_an_allocation_the_cell_is_a_step_of_it(tmp_path):
+    """As in a notebook started inside ``salloc``: the kernel has the allocation's SLURM_* variables."""
+    if not HAVE_SLURM:
+        pytest.fail("CI=true but Slurm is not installed")
+    made = subprocess.run(["salloc", "--no-shell", "-N", "1", "-c", "2", "-J", "nbddp-test-alloc"],
+                          capture_output=True, text=True, timeout=60)
+    job_id = re.search(r"Granted job allocation (\d+)", made.stderr).group(1)
+    env = dict(os.environ, SLURM_JOB_ID=job_id, SLURM_NNODES="1", SLURM_NTASKS="1")
+    k = Kernel(cwd=str(tmp_path), env=env)
+    try:
+        k.ok("%load_ext nbddp")
+        reply = k.ok("%%ddp --launcher slurm -n 2\nimport os\n"
+                     "print('in job', os.environ['SLURM_JOB_ID'], 'step', os.environ['SLURM_STEP_ID'])\n", timeout=240)
+        for r in (0, 1):
+            assert f"[rank{r}]:in job {job_id} step 0" in reply.stdout, reply.text
+        assert jobs() == [f"{job_id} nbddp-test-alloc RUNNING"], jobs()  # the allocation stays, for the next cell
+    finally:
+        k.shutdown()
+        subprocess.run(["scancel", job_id])
