@@ -28,7 +28,7 @@ from IPython.core.error import UsageError
 
 from .elastic import ElasticLaunch
 from .result import RunResult
-from .slurm_script import wants_gpus
+from .slurm_script import agent_extras, wants_gpus
 from .spec import LaunchSpec
 
 CANCEL_WAIT_S = 15.0
@@ -62,12 +62,7 @@ class SlurmLaunch(ElasticLaunch):
         self.cancelled = False
 
     def agent_options(self) -> list[str]:
-        opts = [f"--nproc-per-node={self.spec.nproc_per_node}"]
-        if self.spec.rdzv_timeout:
-            opts.append(f"--rdzv-conf=join_timeout={int(self.spec.rdzv_timeout + 0.999)}")
-        if self.spec.max_restarts:
-            opts.append(f"--max-restarts={self.spec.max_restarts}")
-        return opts
+        return [f"--nproc-per-node={self.spec.nproc_per_node}"] + agent_extras(self.spec)
 
     def expected_ranks(self) -> list[tuple[int, int, int]]:
         k = self.spec.nproc_per_node

@@ -52,16 +52,21 @@ def _option_name(line: str) -> str:
     return word
 
 
-def torchrun_words(spec: LaunchSpec) -> list[str]:
-    """torchrun's options in the job, as shell words (``$SLURM_*`` expanded by the job's shell)."""
-    words = ['--nnodes="$SLURM_NNODES"', f"--nproc-per-node={spec.nproc_per_node}",
-             f"--rdzv-backend={spec.rdzv_backend}", '--rdzv-endpoint="$head_node:$rdzv_port"',
-             '--rdzv-id="$SLURM_JOB_ID"']
+def agent_extras(spec: LaunchSpec) -> list[str]:
+    """torchrun's options that do not depend on where the job runs."""
+    words = []
     if spec.rdzv_timeout:
         words.append(f"--rdzv-conf=join_timeout={math.ceil(spec.rdzv_timeout)}")
     if spec.max_restarts:
         words.append(f"--max-restarts={spec.max_restarts}")
     return words
+
+
+def torchrun_words(spec: LaunchSpec) -> list[str]:
+    """torchrun's options in the job, as shell words (``$SLURM_*`` expanded by the job's shell)."""
+    return ['--nnodes="$SLURM_NNODES"', f"--nproc-per-node={spec.nproc_per_node}",
+            f"--rdzv-backend={spec.rdzv_backend}", '--rdzv-endpoint="$head_node:$rdzv_port"',
+            '--rdzv-id="$SLURM_JOB_ID"'] + agent_extras(spec)
 
 
 def sbatch_text(spec: LaunchSpec, script: str, line: str = "") -> str:
