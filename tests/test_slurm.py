@@ -79,6 +79,12 @@ def jobs() -> list[str]:
     return subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout.splitlines()
 
 
+def steps(job_id: str) -> list[str]:
+    """The job's steps that run a cell (not Slurm's own extern/batch steps)."""
+    out = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True).stdout
+    return [s for s in out.split() if re.match(r"^\d+\.\d+$", s)]
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     if not HAVE_SLURM:
@@ -217,6 +223,18 @@ def test_inside_an_allocation_the_cell_is_a_step_of_it(tmp_path):
         for r in (0, 1):
             assert f"[rank{r}]:in job {job_id} step 0" in reply.stdout, reply.text
         assert jobs() == [f"{job_id} nbddp-test-alloc RUNNING"], jobs()  # the allocation stays, for the next cell
+        # the kernel's exit while a cell runs: its step is cancelled, the allocation stays
+        msg_id = k.kc.execute("%%ddp --launcher slurm -n 1\nimport time\nprint('up', flush=True)\ntime.sleep(300)\n")
+        deadline = time.monotonic() + 120
+        while steps(job_id) == [] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert steps(job_id), "the cell's step never started"
+        k.km.shutdown_kernel(now=False)
+        deadline = time.monotonic() + 20
+        while steps(job_id) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not steps(job_id), "the cell's step outlived the kernel"
+        assert jobs() == [f"{job_id} nbddp-test-alloc RUNNING"], jobs()
     finally:
         k.shutdown()
         subprocess.run(["scancel", job_id])
