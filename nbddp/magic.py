@@ -78,7 +78,9 @@ class DDPMagics(Magics):
     @line_cell_magic
     def ddp_export(self, line: str, cell: str | None = None):
         """``%ddp_export script.py [%%ddp options]``: write the last %%ddp cell (or this cell,
-        as ``%%ddp_export script.py -n 4``) as a torchrun script and print the torchrun commands."""
+        as ``%%ddp_export script.py -n 4``) as a torchrun script and print the torchrun commands.
+        ``--slurm`` also writes ``script.sbatch``; given alone (with --partition/--account/--time/
+        --sbatch), it adds to the last cell's options instead of replacing them."""
         from . import export
 
         words = shlex.split(line)

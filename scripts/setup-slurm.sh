@@ -57,8 +57,8 @@ host=$(hostname -s)
 cpus=$(nproc)
 mem=$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)
 mkdir -p "$conf_dir" "$log_dir" /var/spool/slurmctld /var/spool/slurmd
-# Two slurmd on one host need a Slurm built with --enable-multiple-slurmd; without it slurmctld
-# refuses duplicate NodeHostname. We try two and fall back to one (see below).
+# Two slurmd on one host (slurmd -N NAME, each on its own port): Debian 12's slurm-wlm 22.05 runs
+# them; where a build refuses (no --enable-multiple-slurmd), we fall back to one node (see below).
 write_conf() {
   local nodes=$1
   {
