@@ -11,7 +11,7 @@ import time
 import pytest
 from IPython.core.error import UsageError
 
-from kernel import Kernel
+from kernel import Kernel, alive
 from nbddp.slurm_script import sbatch_options, sbatch_text
 from nbddp.spec import parse_line
 
@@ -188,7 +188,7 @@ def test_interrupt_cancels_the_job(job):
     raised(reply, "KeyboardInterrupt")
     assert not jobs(), "the job outlived the interrupt"
     pid = int(re.search(r"PID (\d+)", reply.stdout).group(1))
-    assert not os.path.exists(f"/proc/{pid}"), "the rank outlived the interrupt"
+    assert not alive([pid]), "the rank outlived the interrupt"
     assert time.monotonic() - sent[0] < 20
 
 
