@@ -116,7 +116,7 @@ class ElasticLaunch:
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.device_count = placement.cuda_device_count() if device_count is None else device_count
         self.placement = placement.plan(spec, self.device_count, self.base_env)
-        self.options = torchrun_options(spec)  # UsageError here, before anything starts
+        self.options = self.agent_options()  # UsageError here, before anything starts
         self.proc: subprocess.Popen | None = None
         self.ranks: dict[int, RankResult] = {}
         self.confirmed: set[int] = set()
@@ -131,6 +131,15 @@ class ElasticLaunch:
         self.result: RunResult | None = None
 
     # ----------------------------------------------------------------- public
+    def agent_options(self) -> list[str]:
+        return torchrun_options(self.spec)
+
+    def expected_ranks(self) -> list[tuple[int, int, int]]:
+        """(rank, local rank, node rank) of the ranks this launch shows before they start:
+        this node's, numbered as torchrun will (c10d may renumber)."""
+        node, k = self.spec.node_rank or 0, self.spec.nproc_per_node
+        return [(node * k + local, local, node) for local in range(k)]
+
     def command(self, cell_path: str) -> list[str]:
         return ([sys.executable, "-m", "torch.distributed.run"] + self.options +
                 ["--tee=3", f"--log-dir={os.path.join(self.result.log_dir, 'torchrun')}",
@@ -152,9 +161,8 @@ class ElasticLaunch:
             port = spec.master_port
         self.result = RunResult(ranks=[], world_size=spec.world_size, log_dir=log_dir,
                                 master_port=port, started_at=time.time())
-        node = spec.node_rank or 0  # this node's ranks, numbered as torchrun will (c10d may renumber)
-        for local in range(spec.nproc_per_node):
-            self._rank(node * spec.nproc_per_node + local, local, node)
+        for rank, local, node in self.expected_ranks():
+            self._rank(rank, local, node)
         env = dict(self.base_env)
         env.update(dict(self.placement.env))
         env.update(dict(spec.env))

@@ -13,6 +13,7 @@ import json
 import linecache
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -67,6 +68,7 @@ def main() -> None:
     rank = os.environ.get("RANK", "0")
     status = {"rank": int(rank), "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
               "node_rank": int(os.environ.get("GROUP_RANK", "0")), "pid": os.getpid(),
+              "host": socket.gethostname(),
               "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
               "started_at": time.time()}
     status_path = os.path.join(status_dir, f"rank{rank}.json") if status_dir else ""

@@ -103,6 +103,14 @@ def export_cell(path: str, cell: str, line: str = "", spec: LaunchSpec | None = 
         for node, command in enumerate(commands):
             out.write(f"  node {node}: {command}\n")
         out.write(_addr_note(spec).replace("#   ", "  ") + "\n")
+    if spec.slurm:
+        from .slurm_script import sbatch_text
+
+        job = path[:-3] + ".sbatch"
+        with open(job, "w") as f:
+            f.write(sbatch_text(spec, path, line))
+        out.write(f"nbddp: wrote {job}; submit it from {os.path.dirname(job) or '.'}/ with: "
+                  f"sbatch {os.path.basename(job)}\n")
     return commands
 
 

@@ -17,6 +17,20 @@ _SHAPE_FIELDS = ("nproc_per_node", "nnodes", "master_addr", "master_port", "back
 _POOL_USAGE = "usage: %ddp_pool start [%%ddp launch options] | status | restart | stop"
 
 
+_SLURM_JOB_FLAGS = ("--slurm", "--partition", "--account", "--time", "--sbatch")
+
+
+def _only_slurm_job_options(words: list[str]) -> bool:
+    """True for options that only shape the exported Slurm job (not the cell's ranks)."""
+    i = 0
+    while i < len(words):
+        flag = words[i].split("=", 1)[0]
+        if flag not in _SLURM_JOB_FLAGS:
+            return False
+        i += 1 if (flag == "--slurm" or "=" in words[i]) else 2
+    return bool(words)
+
+
 @magics_class
 class DDPMagics(Magics):
     """``%%ddp [options] [-- script args]``: run the cell as a torchrun-style job."""
@@ -34,12 +48,18 @@ class DDPMagics(Magics):
         api.compile_cell(source)
         push = self._pushed(spec)
         type(self).last_cell = (line, cell)  # for %ddp_export
+        if spec.slurm and not spec.export:
+            raise UsageError("%%ddp: --slurm writes a Slurm job next to the exported script: "
+                             "use it with --export SCRIPT.py (or %ddp_export SCRIPT.py --slurm)")
         if spec.export:
             from . import export
             export.export_cell(spec.export, cell, line, spec)
         if spec.launcher == "torchrun":  # torch's elastic launcher runs the cell (nbddp/elastic.py)
             from . import elastic
             result = elastic.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))
+        elif spec.launcher == "slurm":  # srun runs torchrun on each node of an allocation (nbddp/slurm.py)
+            from . import slurm
+            result = slurm.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))
         elif pool is not None and not spec.fresh:
             self._check_fits_pool(spec, pool.spec)
             result = pool.run(source, ranks=spec.ranks_shown, timeout=spec.timeout, push=push,
@@ -58,7 +78,9 @@ class DDPMagics(Magics):
     @line_cell_magic
     def ddp_export(self, line: str, cell: str | None = None):
         """``%ddp_export script.py [%%ddp options]``: write the last %%ddp cell (or this cell,
-        as ``%%ddp_export script.py -n 4``) as a torchrun script and print the torchrun commands."""
+        as ``%%ddp_export script.py -n 4``) as a torchrun script and print the torchrun commands.
+        ``--slurm`` also writes ``script.sbatch``; given alone (with --partition/--account/--time/
+        --sbatch), it adds to the last cell's options instead of replacing them."""
         from . import export
 
         words = shlex.split(line)
@@ -70,7 +92,10 @@ class DDPMagics(Magics):
                 raise UsageError("%ddp_export: no %%ddp cell has run yet; run one, or use "
                                  "%%ddp_export SCRIPT.py [options] with the cell below")
             last_line, cell = self.last_cell
-            options = options or last_line
+            if not options or _only_slurm_job_options(words[1:]):  # "%ddp_export x.py --slurm": the last
+                last = shlex.split(last_line)                      # cell's line, plus the job's options
+                cut = last.index("--") if "--" in last else len(last)
+                options = shlex.join(last[:cut] + words[1:] + last[cut:])
         export.export_cell(path, cell, options)
         return None
 

@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 START_METHODS = ("forkserver", "spawn")
 OUTPUTS = ("auto", "widgets", "text")
-LAUNCHERS = ("local", "torchrun")
+LAUNCHERS = ("local", "torchrun", "slurm")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -49,6 +49,11 @@ class LaunchSpec:
     rdzv_timeout: float | None = None
     gpus: tuple[int, ...] | None = None
     export: str | None = None
+    slurm: bool = False               # --export / %ddp_export also write SCRIPT.sbatch
+    partition: str | None = None      # Slurm: --partition, --account, --time, raw #SBATCH lines
+    account: str | None = None
+    time_limit: str | None = None
+    sbatch: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -165,6 +170,30 @@ def _names(text):
     return names
 
 
+_SLURM_TIME = re.compile(r"^(\d+-\d+(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}|unlimited|infinite)$", re.I)
+
+
+def _slurm_time(text):
+    if not _SLURM_TIME.match(text.strip()):
+        raise argparse.ArgumentTypeError(f"--time takes Slurm's MINUTES, HH:MM:SS or D-HH:MM:SS, got {text!r}")
+    return text.strip()
+
+
+def _slurm_name(flag):
+    def conv(text):
+        if not re.match(r"^[\w.,@+-]+$", text):
+            raise argparse.ArgumentTypeError(f"{flag} takes a Slurm name, got {text!r}")
+        return text
+    return conv
+
+
+def _sbatch_line(text):
+    line = re.sub(r"^#SBATCH\s+", "", text.strip())
+    if not line.startswith("-") or "\n" in line:
+        raise argparse.ArgumentTypeError(f"--sbatch takes one sbatch option such as '--qos=high', got {text!r}")
+    return line
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="%%ddp", add_help=True, allow_abbrev=False,
                 description="Run the cell as a torchrun-style job of ranked worker processes. "
@@ -217,6 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--push", type=_names, default=(), help="notebook names to send into every worker")
     p.add_argument("--pull", type=_names, default=(), help="worker names to gather back (name or name@rank)")
     p.add_argument("--export", default=None, metavar="SCRIPT.py", help="also write the cell as a torchrun script")
+    p.add_argument("--slurm", action="store_true",
+                   help="with --export / %%ddp_export: also write SCRIPT.sbatch, a Slurm batch job")
+    p.add_argument("--partition", type=_slurm_name("--partition"), default=None, help="Slurm partition")
+    p.add_argument("--account", type=_slurm_name("--account"), default=None, help="Slurm account")
+    p.add_argument("--time", dest="time_limit", type=_slurm_time, default=None,
+                   help="Slurm time limit of the job, e.g. 30 or 01:00:00")
+    p.add_argument("--sbatch", action="append", type=_sbatch_line, default=[], metavar="OPTION",
+                   help="extra #SBATCH line for the exported job, e.g. --sbatch '--qos=high' (repeatable)")
     return p
 
 
@@ -231,6 +268,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
     if "--" in words:
         cut = words.index("--")
         words, script_args = words[:cut], words[cut + 1:]
+    words = _glue_sbatch(words)
     parser = build_parser()
     try:
         ns = parser.parse_args(words)
@@ -246,7 +284,20 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
                      script_args=script_args, launcher=ns.launcher, rdzv_endpoint=ns.rdzv_endpoint,
                      rdzv_backend=ns.rdzv_backend, rdzv_id=ns.rdzv_id, max_restarts=ns.max_restarts,
                      rdzv_timeout=ns.rdzv_timeout,
-                     gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, export=ns.export)
+                     gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, export=ns.export,
+                     slurm=ns.slurm, partition=ns.partition, account=ns.account, time_limit=ns.time_limit,
+                     sbatch=ns.sbatch)
+
+
+def _glue_sbatch(words: list[str]) -> list[str]:
+    """``--sbatch --qos=high`` → ``--sbatch=--qos=high`` (argparse would read --qos as an option)."""
+    out = []
+    for word in words:
+        if out and out[-1] == "--sbatch":
+            out[-1] = f"--sbatch={word}"
+        else:
+            out.append(word)
+    return out
 
 
 def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: int = 1,
@@ -274,7 +325,7 @@ def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: i
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes,
                       env=tuple((str(k), str(v)) for k, v in env))
     options = {k: v for k, v in options.items() if v is not None or k in ("timeout", "idle_warning")}
-    for key in ("script_args", "push", "pull"):
+    for key in ("script_args", "push", "pull", "sbatch"):
         if key in options:
             options[key] = tuple(options[key])
     if options.get("ranks_shown") is not None:
@@ -319,5 +370,14 @@ def _check(spec: LaunchSpec) -> None:
                             ("--rdzv-timeout", spec.rdzv_timeout)):
             if value is not None:
                 raise UsageError(f"%%ddp: {name} is for a real multi-node job: use it with --launcher torchrun")
+    if spec.launcher != "slurm" and not spec.slurm:
+        for name, value in (("--partition", spec.partition), ("--account", spec.account),
+                            ("--time", spec.time_limit), ("--sbatch", spec.sbatch or None)):
+            if value is not None:
+                raise UsageError(f"%%ddp: {name} is a Slurm option: use it with --launcher slurm, "
+                                 "or with --export SCRIPT.py --slurm")
+    if spec.launcher == "slurm" and spec.sbatch and not spec.slurm:
+        raise UsageError("%%ddp: --sbatch lines are for the exported job (--export SCRIPT.py --slurm); "
+                         "a --launcher slurm cell takes --partition, --account and --time")
     if spec.rdzv_endpoint is not None and not re.match(r"^\[?[^\s\[\]]+\]?(:\d{1,5})?$", spec.rdzv_endpoint):
         raise UsageError(f"%%ddp: --rdzv-endpoint takes HOST[:PORT], got {spec.rdzv_endpoint!r}")

@@ -179,6 +179,8 @@ def launch_line(result, spec, backend: str, times: str = "x") -> str:
             where = f"torchrun, master {spec.master_addr}:{spec.master_port}"
         else:
             where = "torchrun --standalone"
+    elif spec.launcher == "slurm":
+        where = "Slurm: srun + torchrun per node, c10d rendezvous on the first node"
     else:
         where = f"MASTER_PORT {result.master_port}"
     return f"{n} rank{'s' if n > 1 else ''} ({shape}), backend {backend}, {where}"

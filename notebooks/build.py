@@ -1066,6 +1066,44 @@ def _07():
         print(script[-600:])
         """),
         md("""
+        ## 4 · The same cell under Slurm
+        Most clusters run jobs through Slurm. `--slurm` also writes a batch job next to the script: one task per
+        node (`--ntasks-per-node=1`), each task a torchrun that starts the node's ranks, all meeting at a c10d
+        rendezvous on the job's first node (`scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1`) with the
+        job id as rendezvous id. `%ddp_export` without a cell exports the last `%%ddp` cell: section 2's.
+        """),
+        code("""
+        %ddp_export runs/07/train_slurm.py --slurm --nnodes $nnodes --nproc-per-node $nproc_per_node --time 00:10:00
+        """),
+        code("""
+        job = open("runs/07/train_slurm.sbatch").read()
+        assert f"#SBATCH --nodes={nnodes}" in job and "srun " in job and '--rdzv-id="$SLURM_JOB_ID"' in job
+        print(job)
+        """),
+        md("""
+        On the cluster: `sbatch train_slurm.sbatch` (from the script's folder; `PYTHON=/path/to/env/bin/python` in
+        front chooses the interpreter). From a notebook on the cluster's login node, or inside `salloc`,
+        `%%ddp --launcher slurm --nnodes 2 -n 2` runs a cell on Slurm's nodes with the same live display and errors.
+        Where this notebook finds Slurm (`sinfo`), the next cell runs section 2's cell so; elsewhere it says why not.
+        """),
+        code("""
+        import shutil, subprocess
+        slurm_nodes = 0
+        if shutil.which("sinfo"):
+            listed = subprocess.run(["sinfo", "-h", "-N", "-t", "idle,mix", "-o", "%N"], capture_output=True, text=True)
+            slurm_nodes = len(set(listed.stdout.split()))
+        if slurm_nodes:
+            on = min(nnodes, slurm_nodes)
+            lesson_cell = open("runs/07/train_slurm.py").read()      # section 2's cell, as exported
+            get_ipython().run_cell_magic("ddp", f"--launcher slurm --nnodes {on} --nproc-per-node {nproc_per_node}",
+                                         lesson_cell)
+            assert _ddp.ok and len(_ddp.ranks) == on * nproc_per_node
+            print(f"ok: the cell ran under Slurm on {on} node(s)")
+        else:
+            print("No Slurm here (sinfo not found or no idle node): on a cluster this cell runs section 2's cell "
+                  "with %%ddp --launcher slurm. scripts/setup-slurm.sh starts a one-machine Slurm to try it.")
+        """),
+        md("""
         ## Exercise
         The cluster has 2 machines with 4 GPUs each. Which `node_rank`, `LOCAL_RANK` (= which GPU) does global rank 5
         have? Verify by simulating the cluster with `%%ddp` and showing rank 5 only, and print node 1's command.

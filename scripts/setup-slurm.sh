@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# A real Slurm on this one machine, for the Slurm tests and lesson 07: Debian's slurm-wlm and
+# munge, one partition "nbddp" of two simulated nodes (two slurmd, NodeHostname=localhost,
+# distinct ports) when this Slurm allows it, else one node. No systemd or cgroups needed
+# (proctrack/linuxproc, task/none), so it runs in a container. Idempotent: when the node(s) are
+# already idle it returns at once. Run as root. Env: NBDDP_SLURM_NODES=1 forces one node.
+set -euo pipefail
+conf_dir=/etc/slurm
+conf=$conf_dir/slurm.conf
+log_dir=/var/log/slurm
+want_nodes="${NBDDP_SLURM_NODES:-2}"
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup-slurm.sh: run as root (it installs packages and starts daemons)" >&2
+  exit 1
+fi
+
+idle() {  # all configured nodes idle (or mixed/allocated: up and usable)
+  command -v sinfo >/dev/null || return 1
+  local states
+  states=$(timeout 5 sinfo -h -N -o "%t" 2>/dev/null) || return 1
+  [ -n "$states" ] && ! grep -qvE '^(idle|mix|alloc)$' <<<"$states"
+}
+
+if [ -f "$conf" ] && grep -q "nbddp one-machine" "$conf" && idle; then
+  echo "slurm: already running ($(sinfo -h -N -o '%N %t' | tr '\n' ' '))"
+  exit 0
+fi
+
+if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+    slurm-wlm slurm-client munge >/dev/null
+fi
+
+# ---- munge: one key, one daemon
+if [ ! -s /etc/munge/munge.key ]; then
+  mkdir -p /etc/munge
+  dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none
+fi
+chown munge:munge /etc/munge/munge.key 2>/dev/null || true
+chmod 400 /etc/munge/munge.key
+mkdir -p /run/munge /var/lib/munge /var/log/munge
+chown munge:munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
+if ! munge -n </dev/null >/dev/null 2>&1; then
+  if id munge >/dev/null 2>&1; then
+    su -s /bin/sh munge -c "/usr/sbin/munged --force" || /usr/sbin/munged --force
+  else
+    /usr/sbin/munged --force
+  fi
+  for _ in $(seq 50); do munge -n </dev/null >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+
+# ---- slurm.conf
+host=$(hostname -s)
+cpus=$(nproc)
+mem=$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)
+mkdir -p "$conf_dir" "$log_dir" /var/spool/slurmctld /var/spool/slurmd
+# Two slurmd on one host (slurmd -N NAME, each on its own port): Debian 12's slurm-wlm 22.05 runs
+# them; where a build refuses (no --enable-multiple-slurmd), we fall back to one node (see below).
+write_conf() {
+  local nodes=$1
+  {
+    echo "# nbddp one-machine Slurm (scripts/setup-slurm.sh); $nodes node(s)"
+    echo "ClusterName=nbddp"
+    echo "SlurmctldHost=$host(127.0.0.1)"
+    echo "SlurmUser=root"
+    echo "SlurmdUser=root"
+    echo "AuthType=auth/munge"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_Core"
+    echo "SchedulerType=sched/backfill"
+    echo "JobAcctGatherType=jobacct_gather/none"
+    echo "AccountingStorageType=accounting_storage/none"
+    echo "MpiDefault=none"
+    echo "ReturnToService=2"
+    echo "StateSaveLocation=/var/spool/slurmctld"
+    echo "SlurmdSpoolDir=/var/spool/slurmd/%n"
+    echo "SlurmctldPidFile=/run/slurmctld.pid"
+    echo "SlurmdPidFile=/run/slurmd-%n.pid"
+    echo "SlurmctldLogFile=$log_dir/slurmctld.log"
+    echo "SlurmdLogFile=$log_dir/slurmd-%n.log"
+    echo "SlurmctldPort=6817"
+    echo "KillWait=2"
+    echo "MinJobAge=10"
+    echo "InactiveLimit=0"
+    echo "SlurmdTimeout=60"
+    if [ "$nodes" = 2 ]; then
+      # the first node is named as this host, so a job's first node name (its rendezvous host)
+      # resolves here; the second node's name is Slurm's only (Slurm reaches both at NodeAddr)
+      echo "NodeName=$host NodeHostname=localhost NodeAddr=127.0.0.1 Port=17001 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+      echo "NodeName=$host-2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17002 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+      echo "PartitionName=nbddp Nodes=$host,$host-2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
+    else
+      echo "NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+      echo "PartitionName=nbddp Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
+    fi
+  } >"$conf"
+  # slurmd 22.05 always loads a cgroup plugin (nothing is confined with task/none and
+  # proctrack/linuxproc); under cgroup v2 without systemd it must not ask systemd for a scope
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n' >"$conf_dir/cgroup.conf"
+  else
+    rm -f "$conf_dir/cgroup.conf"
+  fi
+}
+
+stop_daemons() {
+  local f
+  for f in /run/slurmctld.pid /run/slurmd-*.pid; do
+    [ -f "$f" ] || continue
+    kill "$(cat "$f")" 2>/dev/null || true
+    rm -f "$f"
+  done
+  sleep 0.5
+}
+
+start() {
+  local nodes=$1 names
+  write_conf "$nodes"
+  if [ "$nodes" = 2 ]; then names="$host $host-2"; else names=$host; fi
+  for n in $names; do mkdir -p "/var/spool/slurmd/$n"; done
+  slurmctld -c  # a fresh controller: no jobs or node states from an earlier configuration
+  for n in $names; do slurmd -N "$n"; done
+  for _ in $(seq 40); do
+    idle && return 0
+    sleep 0.25
+  done
+  return 1
+}
+
+stop_daemons
+if [ "$want_nodes" = 2 ] && start 2; then
+  echo "slurm: two simulated nodes idle ($(sinfo -h -N -o '%N %t' | tr '\n' ' '))"
+  exit 0
+fi
+if [ "$want_nodes" = 2 ]; then
+  echo "slurm: two slurmd on one host did not come up; one node instead" >&2
+  tail -n 3 "$log_dir/slurmctld.log" >&2 || true
+  stop_daemons
+fi
+if start 1; then
+  echo "slurm: one node idle ($(sinfo -h -N -o '%N %t' | tr '\n' ' '))"
+  exit 0
+fi
+echo "setup-slurm.sh: the node did not become idle; see $log_dir/" >&2
+sinfo -N -l >&2 || true
+tail -n 20 "$log_dir"/*.log >&2 || true
+exit 1

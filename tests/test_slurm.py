@@ -1,0 +1,240 @@
+"""Slurm: the exported sbatch job and ``%%ddp --launcher slurm`` against a real Slurm
+(scripts/setup-slurm.sh: slurmctld + one or two slurmd on this machine)."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from IPython.core.error import UsageError
+
+from kernel import Kernel, alive
+from nbddp.slurm_script import sbatch_options, sbatch_text
+from nbddp.spec import parse_line
+
+HAVE_SLURM = shutil.which("sinfo") is not None
+needs_slurm = pytest.mark.skipif(not HAVE_SLURM and os.environ.get("CI") != "true",
+                                 reason="no Slurm here (sinfo not found); bash scripts/setup-slurm.sh installs one")
+
+CELL = """import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)]); dist.all_reduce(t)
+print("rank", os.environ["RANK"], "local", os.environ["LOCAL_RANK"], "group", os.environ["GROUP_RANK"],
+      "world", os.environ["WORLD_SIZE"], "sum", t.item(), "omp", os.environ.get("OMP_NUM_THREADS"))
+print("argv", sys.argv[1:], "name", __name__, "greeting", os.environ.get("GREETING"))
+dist.destroy_process_group()
+"""
+
+
+# ---------------------------------------------------------------- pure: the sbatch text
+def test_sbatch_text_asks_for_the_cells_shape_and_runs_torchrun_per_node():
+    spec = parse_line("--slurm --nnodes 2 -n 8 --env GREETING='hi there' --time 30 --partition debug "
+                      "--account proj -- --lr 0.5")
+    text = sbatch_text(spec, "out/train.py", "--nnodes 2 -n 8")
+    assert text.startswith("#!/bin/bash\n# Exported by nbddp from the cell `%%ddp --nnodes 2 -n 8`.")
+    for line in ("#SBATCH --job-name=train", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
+                 "#SBATCH --cpus-per-task=4", "#SBATCH --time=30", "#SBATCH --partition=debug",
+                 "#SBATCH --account=proj", "#SBATCH --output=%x-%j.out",
+                 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                 "export GREETING='hi there'", 'PYTHON=${PYTHON:-python}',
+                 '--nnodes="$SLURM_NNODES" --nproc-per-node=4 --rdzv-backend=c10d '
+                 '--rdzv-endpoint="$head_node:$rdzv_port" --rdzv-id="$SLURM_JOB_ID"',
+                 "  train.py --lr 0.5"):
+        assert line in text.splitlines() or f"  {line} \\" in text, (line, text)
+    assert "gpus-per-node" not in text  # a gloo cell asks for no GPUs
+    assert 'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1' in text
+
+
+def test_sbatch_lines_win_over_ours_and_gpus_are_asked_for_nccl():
+    spec = parse_line("--slurm -n 4 --backend nccl --sbatch '-c 16' --sbatch '#SBATCH --qos=high' "
+                      "--sbatch=--output=logs/%j.txt")
+    assert sbatch_options(spec, "job") == ["--job-name=job", "--nodes=1", "--ntasks-per-node=1",
+                                           "--gpus-per-node=4", "-c 16", "--qos=high", "--output=logs/%j.txt"]
+    assert "--rdzv-conf=join_timeout=60 --max-restarts=2" in sbatch_text(
+        parse_line("--slurm -n 2 --rdzv-timeout 60 --max-restarts 2 --launcher torchrun"), "a.py")
+
+
+@pytest.mark.parametrize("line, words", [
+    ("--slurm --time soon", "--time takes Slurm's"),
+    ("--partition debug", "--partition is a Slurm option"),
+    ("--slurm --sbatch qos=high", "--sbatch takes one sbatch option"),
+    ("--launcher slurm --sbatch=--qos=high", "--sbatch lines are for the exported job"),
+    ("--launcher slurm --rdzv-endpoint h:1", "--rdzv-endpoint is for a real multi-node job"),
+])
+def test_bad_slurm_options_are_usage_errors(line, words):
+    with pytest.raises(UsageError, match=re.escape(words)):
+        parse_line(line)
+
+
+# ------------------------------------------------------------------- against real Slurm
+def nodes() -> int:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()
+    return len(out)
+
+
+def jobs() -> list[str]:
+    return subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout.splitlines()
+
+
+def steps(job_id: str) -> list[str]:
+    """The job's steps that run a cell (not Slurm's own extern/batch steps)."""
+    out = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True).stdout
+    return [s for s in out.split() if re.match(r"^\d+\.\d+$", s)]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    if not HAVE_SLURM:
+        pytest.fail("CI=true but Slurm is not installed: scripts/test.sh runs scripts/setup-slurm.sh")
+    folder = tmp_path_factory.mktemp("slurmjob")
+    k = Kernel(cwd=str(folder))
+    k.ok("%load_ext nbddp")
+    yield k, folder
+    k.shutdown()
+
+
+def raised(reply, name: str) -> str:
+    """The cell's exception text, after checking the cell raised ``name``."""
+    assert reply.error and reply.error["ename"] == name, reply.text
+    return reply.error["evalue"]
+
+
+def in_cell(kernel) -> list[str]:
+    return json.loads(kernel.ok("import json; print(json.dumps([r.stdout for r in _ddp.ranks]))").stdout)
+
+
+def submit(folder, name: str, log_dir) -> subprocess.Popen:
+    """``sbatch --wait`` as a user submits it; PET_* only sends each rank's output to its own file."""
+    env = dict(os.environ, PYTHON=sys.executable, PET_LOG_DIR=str(log_dir), PET_REDIRECTS="3")
+    return subprocess.Popen(["sbatch", "--wait", f"{name}.sbatch"], cwd=folder, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def rank_outputs(log_dir) -> dict[int, str]:
+    """{global rank: stdout} from every node's torchrun log files."""
+    out = {}
+    for root, _, files in os.walk(log_dir):
+        if "stdout.log" in files:
+            with open(os.path.join(root, "stdout.log")) as f:
+                text = f.read()
+            out[int(text.split()[1])] = text
+    return out
+
+
+@needs_slurm
+def test_exported_sbatch_job_gives_each_rank_the_cells_output(job, tmp_path):
+    kernel, folder = job
+    two = nodes() >= 2
+    reply = kernel.ok("%%ddp -n 2 --env GREETING=hi --export one.py --slurm -- --lr 0.5\n" + CELL, timeout=120)
+    assert "nbddp: wrote one.sbatch; submit it from" in reply.stdout, reply.text
+    expected = {"one": dict(enumerate(in_cell(kernel)))}
+    if two:  # the multi-node path: two nodes of one rank, from %ddp_export of the last cell
+        kernel.ok("%%ddp --nnodes 2 -n 2 --env GREETING=hi -- --lr 0.5\n" + CELL, timeout=120)
+        expected["two"] = dict(enumerate(in_cell(kernel)))
+        reply = kernel.ok("%ddp_export two.py --slurm")
+        assert "#SBATCH --nodes=2" in (folder / "two.sbatch").read_text()
+    assert "rank 1 local 1 group 0 world 2 sum 3.0 omp 1" in expected["one"][1], expected
+    assert not two or "rank 1 local 0 group 1 world 2 sum 3.0 omp None" in expected["two"][1], expected
+    runs = {name: submit(folder, name, tmp_path / name) for name in expected}
+    for name, proc in runs.items():
+        text, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (name, text, [p.read_text() for p in folder.glob(f"{name}-*.out")])
+        assert rank_outputs(tmp_path / name) == expected[name], name
+    assert not jobs()
+
+
+@needs_slurm
+def test_a_slurm_cell_runs_on_every_node(job):
+    kernel, _ = job
+    n = min(nodes(), 2)
+    reply = kernel.ok(f"%%ddp --launcher slurm --nnodes {n} -n {n} -- --lr 1\n" + CELL +
+                      "print('node', os.environ['SLURMD_NODENAME'])\n", timeout=240)
+    assert "Slurm: srun + torchrun per node" in reply.stdout, reply.text
+    for r in range(n):
+        assert f"[rank{r}]:rank {r} local 0 group {r} world {n} sum {n * (n + 1) / 2}" in reply.stdout, reply.text
+        assert f"[rank{r}]:argv ['--lr', '1'] name __main__" in reply.stdout, reply.text
+    outputs = in_cell(kernel)
+    assert len({line for out in outputs for line in out.splitlines() if line.startswith("node ")}) == n, outputs
+    assert not jobs()
+
+
+@needs_slurm
+def test_a_failing_rank_raises_ddperror_with_its_cause(job):
+    kernel, _ = job
+    reply = kernel.execute("%%ddp --launcher slurm -n 2\nimport os\nif os.environ['RANK'] == '1':\n"
+                           "    raise ValueError('boom')\nprint('fine', os.environ['RANK'])\n", timeout=240)
+    assert "rank 1: failed (ValueError: boom at cell line 4)" in raised(reply, "DDPError"), reply.error
+    assert "[rank0]:fine 0" in reply.stdout, reply.text
+    assert not jobs()
+
+
+@needs_slurm
+def test_interrupt_cancels_the_job(job):
+    kernel, _ = job
+    msg_id = kernel.kc.execute("%%ddp --launcher slurm -n 1\nimport os, time\n"
+                               "print('PID', os.getpid(), flush=True)\ntime.sleep(300)\n")
+    sent = []
+
+    def on_output(reply):
+        if "PID " in reply.stdout and not sent:
+            sent.append(time.monotonic())
+            kernel.km.interrupt_kernel()
+
+    reply = kernel.collect(msg_id, timeout=240, on_output=on_output)
+    assert sent, reply.text
+    raised(reply, "KeyboardInterrupt")
+    assert not jobs(), "the job outlived the interrupt"
+    pid = int(re.search(r"PID (\d+)", reply.stdout).group(1))
+    assert not alive([pid]), "the rank outlived the interrupt"
+    assert time.monotonic() - sent[0] < 20
+
+
+@needs_slurm
+def test_timeout_stops_the_job_and_a_bad_partition_is_srun_s_error(job):
+    kernel, _ = job
+    reply = kernel.execute("%%ddp --launcher slurm -n 1 --timeout 20 --idle-warning 0\nimport time\n"
+                           "print('waiting', flush=True)\ntime.sleep(300)\n", timeout=240)
+    raised(reply, "DDPTimeout")
+    assert "rank 0 blocked at cell line 4: time.sleep(300)" in reply.text, reply.text
+    assert not jobs(), "the job outlived the timeout"
+    reply = kernel.execute("%%ddp --launcher slurm -n 2 --partition nosuch\nprint(1)\n", timeout=120)
+    text = raised(reply, "DDPError")
+    assert "srun exited with code 1: invalid partition specified: nosuch" in text, text
+    assert "rank 0: failed (never started (srun ended before this rank ran))" in text, text
+
+
+@needs_slurm
+def test_inside_an_allocation_the_cell_is_a_step_of_it(tmp_path):
+    """As in a notebook started inside ``salloc``: the kernel has the allocation's SLURM_* variables."""
+    if not HAVE_SLURM:
+        pytest.fail("CI=true but Slurm is not installed")
+    made = subprocess.run(["salloc", "--no-shell", "-N", "1", "-c", "2", "-J", "nbddp-test-alloc"],
+                          capture_output=True, text=True, timeout=60)
+    job_id = re.search(r"Granted job allocation (\d+)", made.stderr).group(1)
+    env = dict(os.environ, SLURM_JOB_ID=job_id, SLURM_NNODES="1", SLURM_NTASKS="1")
+    k = Kernel(cwd=str(tmp_path), env=env)
+    try:
+        k.ok("%load_ext nbddp")
+        reply = k.ok("%%ddp --launcher slurm -n 2\nimport os\n"
+                     "print('in job', os.environ['SLURM_JOB_ID'], 'step', os.environ['SLURM_STEP_ID'])\n", timeout=240)
+        for r in (0, 1):
+            assert f"[rank{r}]:in job {job_id} step 0" in reply.stdout, reply.text
+        assert jobs() == [f"{job_id} nbddp-test-alloc RUNNING"], jobs()  # the allocation stays, for the next cell
+        # the kernel's exit while a cell runs: its step is cancelled, the allocation stays
+        msg_id = k.kc.execute("%%ddp --launcher slurm -n 1\nimport time\nprint('up', flush=True)\ntime.sleep(300)\n")
+        deadline = time.monotonic() + 120
+        while steps(job_id) == [] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert steps(job_id), "the cell's step never started"
+        k.km.shutdown_kernel(now=False)
+        deadline = time.monotonic() + 20
+        while steps(job_id) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not steps(job_id), "the cell's step outlived the kernel"
+        assert jobs() == [f"{job_id} nbddp-test-alloc RUNNING"], jobs()
+    finally:
+        k.shutdown()
+        subprocess.run(["scancel", job_id])
