@@ -7,14 +7,15 @@ Pure: no IPython, no widgets, no processes. ``Collector`` is fed the launcher's 
 """
 from __future__ import annotations
 
-import codecs
 import html
 import time
 from collections import deque
 
+from . import terminal
 from .result import FINAL_STATES, OK, RUNNING, STARTING
+from .terminal import Terminal
 
-MAX_LINE = 2000          # characters kept of one line (the rest is counted, not kept)
+MAX_LINE = terminal.MAX_LINE  # characters kept of one line (the rest is counted, not kept)
 TAIL_LINES = 500         # lines kept per rank (the full log is on disk)
 ALL_LINES = 1000         # lines kept in the interleaved "all ranks" view
 MAX_DISPLAYS = 20        # rich outputs kept per rank
@@ -28,44 +29,6 @@ STATE_COLORS = {
     "interrupted": ("#8a4b00", "#fff1dc"),
 }
 STDERR_STYLE = "color:#a31515;background:#fff3f3"
-
-
-class Splitter:
-    """Bytes → lines, incrementally, with a bounded partial line: a rank that writes 50 MB
-    without a newline costs this much memory, not 50 MB (and never quadratic copying)."""
-
-    def __init__(self, limit: int = MAX_LINE):
-        self.limit = limit
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._partial = ""
-        self._dropped = 0
-
-    def _finish(self, text: str) -> str:
-        dropped = self._dropped + max(0, len(text) - self.limit)
-        self._dropped = 0
-        text = text[:self.limit]
-        return text + (f" … [{dropped} more characters]" if dropped else "")
-
-    def feed(self, data: bytes) -> list[str]:
-        text = self._decoder.decode(data)
-        if "\n" not in text:
-            room = self.limit - len(self._partial)
-            if room > 0:
-                self._partial += text[:room]
-            self._dropped += max(0, len(text) - max(room, 0))
-            return []
-        pieces = text.split("\n")
-        first = self._finish(self._partial + pieces[0])
-        rest = pieces[-1]
-        self._partial = rest[:self.limit]
-        self._dropped = max(0, len(rest) - self.limit)
-        return [first] + [self._finish(p) for p in pieces[1:-1]]
-
-    def flush(self) -> list[str]:
-        text = self._partial + self._decoder.decode(b"", final=True)
-        had = bool(text) or self._dropped
-        self._partial = ""
-        return [self._finish(text)] if had else []
 
 
 class Tail:
@@ -99,18 +62,21 @@ class Collector:
         self.tails: dict[int, Tail] = {r: Tail(tail_lines) for r in range(spec.world_size) if spec.shown(r)}
         self.all = Tail(all_lines)       # entries: (stream, (rank, text))
         self.notes: list[str] = []
-        self._splitters: dict[tuple[int, str], Splitter] = {}
+        self._terms: dict[tuple[int, str], Terminal] = {}
         self.finished = False
 
     def launch_started(self, result, spec, backend):
         self.result, self.backend = result, backend
 
     def output(self, rank: int, stream: str, data: bytes) -> list[str]:
-        """Returns the complete lines this chunk finished (empty for a hidden rank)."""
+        """Returns the complete lines this chunk finished (empty for a hidden rank); the line
+        still being written is ``pending(rank)``."""
         if rank not in self.tails:
             return []
-        splitter = self._splitters.setdefault((rank, stream), Splitter())
-        lines = splitter.feed(data)
+        term = self._terms.get((rank, stream))
+        if term is None:
+            term = self._terms[(rank, stream)] = Terminal()
+        lines = term.feed(data)
         if lines:
             self._add(rank, stream, lines)
         return lines
@@ -120,6 +86,20 @@ class Collector:
         self.all.total += len(lines)
         keep = lines[-self.all.lines.maxlen:]
         self.all.lines.extend((stream, (rank, line)) for line in keep)
+
+    def pending(self, rank: int) -> list[tuple[str, str]]:
+        """(stream, line) for each of the rank's streams with a line not ended yet (a progress bar)."""
+        out = []
+        for stream in ("stdout", "stderr"):
+            term = self._terms.get((rank, stream))
+            if term is not None and term.pending:
+                out.append((stream, term.pending))
+        return out
+
+    def progress(self, rank: int) -> str:
+        """The rank's latest progress line (last rewritten by \\r), plain text, '' if none."""
+        found = [t.progress for s in ("stderr", "stdout") if (t := self._terms.get((rank, s))) is not None]
+        return next((p for p in found if p), "")
 
     def display(self, rank: int, bundle: dict) -> bool:
         tail = self.tails.get(rank)
@@ -134,16 +114,16 @@ class Collector:
 
     def rank_exited(self, rank_result):
         for stream in ("stdout", "stderr"):
-            splitter = self._splitters.pop((rank_result.rank, stream), None)
-            if splitter is not None:
-                rest = splitter.flush()
+            term = self._terms.get((rank_result.rank, stream))
+            if term is not None:
+                rest = term.flush()
                 if rest:
                     self._add(rank_result.rank, stream, rest)
 
     def launch_finished(self, result):
         self.result = result
-        for rank, stream in list(self._splitters):
-            rest = self._splitters.pop((rank, stream)).flush()
+        for (rank, stream), term in self._terms.items():
+            rest = term.flush()
             if rest:
                 self._add(rank, stream, rest)
         self.finished = True
@@ -240,7 +220,7 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) ->
         if tail.total > len(lines):
             out.append(_hidden_note(tail, len(lines), f" (full log: {log_path(result, rank)})"))
         for stream, text in lines:
-            out.append(("stderr| " if stream == "stderr" else "") + text)
+            out.append(("stderr| " if stream == "stderr" else "") + terminal.plain(text))
         if tail.display_total:
             out.append(f"[{tail.display_total} rich output{'s' if tail.display_total != 1 else ''}]")
     return "\n".join(out) + "\n"
@@ -265,10 +245,9 @@ def lines_html(entries, with_rank: bool = False) -> str:
     for stream, item in entries:
         if with_rank:
             rank, text = item
-            text = f"[rank{rank}]: {text}"
+            text = f"[rank{rank}]: " + terminal.to_html(text)
         else:
-            text = item
-        text = html.escape(text)
+            text = terminal.to_html(item)
         if stream == "stderr":
             parts.append(f'<span class="nbddp-stderr" style="{STDERR_STYLE}">{text}</span>')
         else:
@@ -327,5 +306,5 @@ def bundle(collector: Collector, include_displays: bool = True, expanded: bool =
             "text/html": render_html(collector, include_displays=include_displays, expanded=expanded)}
 
 
-__all__ = ["Splitter", "Tail", "Collector", "bundle", "render_text", "render_html", "chips_html",
+__all__ = ["Tail", "Collector", "bundle", "render_text", "render_html", "chips_html",
            "status_words", "headline", "FINAL_STATES", "RUNNING", "STARTING"]

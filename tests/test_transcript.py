@@ -23,19 +23,6 @@ def _collector(spec, result):
     return c
 
 
-def test_splitter_keeps_utf8_whole_across_chunks_and_bounds_long_lines():
-    s = transcript.Splitter(limit=10)
-    data = "é\n".encode()
-    assert s.feed(data[:1]) == [] and s.feed(data[1:]) == ["é"]
-    # a 1 MB line arriving in pieces keeps only `limit` characters and says how many it dropped
-    for _ in range(16):
-        assert s.feed(b"x" * 65536) == []
-    assert len(s._partial) <= 10
-    (line,) = s.feed(b"\n")
-    assert line.startswith("x" * 10) and f"[{16 * 65536 - 10} more characters]" in line
-    assert s.feed(b"tail") == [] and s.flush() == ["tail"] and s.flush() == []
-
-
 def test_tail_is_bounded_and_counts_hidden_lines():
     t = transcript.Tail(size=5)
     t.add("stdout", [str(i) for i in range(3)])
