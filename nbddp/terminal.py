@@ -253,10 +253,15 @@ def _cut(segs: list, start: int, end: int) -> list:
 
 def _render(segs: list) -> str:
     """(style, text) segments → one string with a canonical SGR prefix per styled run."""
-    if not any(style for style, _ in segs):
-        return "".join(text for _, text in segs)
-    parts = [f"\x1b[0;{style}m{text}" if style else f"\x1b[0m{text}" for style, text in segs]
-    return "".join(parts) + "\x1b[0m"
+    parts, current = [], ""
+    for style, text in segs:
+        if style != current:
+            parts.append(f"\x1b[0;{style}m" if style else "\x1b[0m")
+            current = style
+        parts.append(text)
+    if current:
+        parts.append("\x1b[0m")
+    return "".join(parts)
 
 
 def plain(line: str) -> str:

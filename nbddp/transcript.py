@@ -20,6 +20,7 @@ TAIL_LINES = 500         # lines kept per rank (the full log is on disk)
 ALL_LINES = 1000         # lines kept in the interleaved "all ranks" view
 MAX_DISPLAYS = 20        # rich outputs kept per rank
 TRANSCRIPT_LINES = 200   # lines per rank in the saved transcript
+PROGRESS_CHARS = 48      # of a rank's progress line shown on its chip
 
 # chip colours per state: (foreground, background)
 STATE_COLORS = {
@@ -29,6 +30,8 @@ STATE_COLORS = {
     "interrupted": ("#8a4b00", "#fff1dc"),
 }
 STDERR_STYLE = "color:#a31515;background:#fff3f3"
+# a <pre> in nbconvert's HTML otherwise takes the page's proportional font
+PRE_STYLE = "margin:0;font-family:monospace,monospace;font-size:12px;white-space:pre-wrap"
 
 
 class Tail:
@@ -226,17 +229,24 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) ->
     return "\n".join(out) + "\n"
 
 
-def chip_html(rank_result, now: float | None = None) -> str:
+def chip_html(rank_result, now: float | None = None, progress: str = "") -> str:
+    """One rank's status chip; ``progress`` (its latest progress-bar line) shown small inside."""
     fg, bg = STATE_COLORS.get(rank_result.state, ("#333", "#eee"))
+    extra = ""
+    if progress:
+        short = progress.strip()
+        short = short if len(short) <= PROGRESS_CHARS else short[:PROGRESS_CHARS - 1] + "…"
+        extra = f' <span class="nbddp-progress" style="opacity:.8">{html.escape(short)}</span>'
     title = html.escape(rank_result.cause or rank_result.state, quote=True)
     return (f'<span class="nbddp-chip nbddp-{rank_result.state.replace(" ", "-")}" title="{title}" '
             f'style="display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;'
             f'font:12px monospace;color:{fg};background:{bg};border:1px solid {fg}33">'
-            f'rank {rank_result.rank}: {html.escape(status_words(rank_result, now))}</span>')
+            f'rank {rank_result.rank}: {html.escape(status_words(rank_result, now))}{extra}</span>')
 
 
-def chips_html(result, now: float | None = None) -> str:
-    return "".join(chip_html(r, now) for r in result.ranks)
+def chips_html(result, now: float | None = None, progress=None) -> str:
+    """``progress``: rank → its progress line (a Collector's ``progress``), or None."""
+    return "".join(chip_html(r, now, progress(r.rank) if progress else "") for r in result.ranks)
 
 
 def lines_html(entries, with_rank: bool = False) -> str:
@@ -245,6 +255,10 @@ def lines_html(entries, with_rank: bool = False) -> str:
     for stream, item in entries:
         if with_rank:
             rank, text = item
+            if isinstance(rank, str):   # nbddp's own notes in the interleaved view
+                parts.append(f'<span class="nbddp-stderr" style="{STDERR_STYLE}">[{html.escape(rank)}]: '
+                             f'{html.escape(text)}</span>')
+                continue
             text = f"[rank{rank}]: " + terminal.to_html(text)
         else:
             text = terminal.to_html(item)
@@ -274,12 +288,12 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
     out = ['<div class="nbddp-transcript">',
            f'<div><b>{html.escape(headline(result, collector.finished))}</b> '
            f'<span style="color:#666">logs: <code>{html.escape(result.log_dir)}</code></span></div>',
-           f'<div>{chips_html(result)}</div>']
+           f'<div>{chips_html(result, progress=collector.progress)}</div>']
     for r in result.ranks:
         if r.cause:
             out.append(f'<div style="color:#a31515">rank {r.rank}: {html.escape(r.cause)}</div>')
     for note in collector.notes:
-        out.append(f'<pre style="color:#8a4b00">{html.escape(note)}</pre>')
+        out.append(f'<pre style="{PRE_STYLE};color:#8a4b00">{html.escape(note)}</pre>')
     if result.remote:
         out.append(f'<div style="color:#666">ranks {_span(result.remote)}: on other nodes '
                    f'(their output is shown there)</div>')
@@ -291,7 +305,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
             out.append(f'<div style="color:#666"><i>{html.escape(_hidden_note(tail, len(lines), ""))}'
                        f' (full log: <code>{html.escape(log_path(result, rank))}</code>)'
                        f'</i></div>')
-        out.append(f'<pre style="margin:0">{lines_html(lines)}</pre>')
+        out.append(f'<pre style="{PRE_STYLE}">{lines_html(lines)}</pre>')
         if include_displays:
             for bundle in tail.displays:
                 out.append(f'<div class="nbddp-display">{_display_html(bundle)}</div>')

@@ -2,9 +2,14 @@
 (its stdout and stderr, stderr highlighted, and its rich output), and an "all ranks" pane with
 lines interleaved in arrival order. Up to 8 shown ranks get tabs; more get a selector.
 
-The view is displayed as one output whose bundle carries the widget *and* a text/plain and
-text/html transcript (nbddp/transcript.py) under a display_id, updated at the end: JupyterLab
-shows the widget, GitHub/nbviewer/papermill output shows the transcript.
+The view is displayed under a display_id while the launch runs; when it ends, that output is
+replaced (update_display) by the static text/plain + text/html transcript (nbddp/transcript.py)
+and every widget of the view is closed: a saved notebook reads the same after a kernel restart,
+on GitHub and in nbconvert, and the kernel keeps no widgets from past cells.
+
+Each rank stream goes through a terminal model (nbddp/terminal.py): a line still being written
+(a progress bar) is shown at the bottom of its pane, updated at the pane's rate, and mirrored on
+the rank's chip.
 
 Bounded: each pane holds the last TAIL_LINES lines (with an "N earlier lines hidden" marker and
 the full log's path); widget updates are sent from ``tick`` only, at most every PANE_INTERVAL_S
@@ -40,6 +45,7 @@ class _Pane:
         self.marker = W.HTML(value="")
         self.rich = W.Output()
         self.box = W.VBox([self.marker, self.text, self.rich])
+        self.widgets = [self.text, self.marker, self.rich, self.box]
         self.box.add_class("nbddp-pane")
         self.dirty = False
         self.pushed_at = 0.0
@@ -57,6 +63,7 @@ class WidgetView:
         self.info = W.HTML(value="")
         self.panes: dict = {}
         self.root = None
+        self._widgets = [self.header, self.info]   # everything to close when the launch ends
         self._header_dirty = True
         self._header_at = 0.0
         self.updates_sent = 0   # pane updates sent to the front end (for tests and budgets)
@@ -79,19 +86,27 @@ class WidgetView:
         else:
             stack = W.Stack(children=boxes, selected_index=0)
             pick = W.Dropdown(options=titles, index=0, description="show", layout=W.Layout(width="16em"))
-            W.jslink((pick, "index"), (stack, "selected_index"))  # in the browser, while the cell runs
+            link = W.jslink((pick, "index"), (stack, "selected_index"))  # in the browser, while the cell runs
             body = W.VBox([pick, stack])
             self.selector = pick
+            self._widgets += [link, stack, pick]
         self.body = body
         self.root = W.VBox([self.header, self.info, body])
         self.root.add_class("nbddp-view")
+        self._widgets += [body, self.root] + [w for p in self.panes.values() for w in p.widgets]
 
-    def _bundle(self, final: bool) -> dict:
-        data = transcript.bundle(self.c, include_displays=True) if final else {
-            "text/plain": f"nbddp: {self.c.result.world_size} ranks running (live view: ipywidgets); "
-                          f"logs in {self.c.result.log_dir}"}
-        data[WIDGET_MIME] = {"version_major": 2, "version_minor": 0, "model_id": self.root.model_id}
-        return data
+    def _live_bundle(self) -> dict:
+        return {"text/plain": f"nbddp: {self.c.result.world_size} ranks running (live view: ipywidgets); "
+                              f"logs in {self.c.result.log_dir}",
+                WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.root.model_id}}
+
+    def close(self):
+        """Close every widget of the view (and their layouts and styles): no comm outlives the cell."""
+        for widget in self._widgets:
+            for part in (getattr(widget, "layout", None), getattr(widget, "style", None), widget):
+                if isinstance(part, W.Widget):
+                    part.close()
+        self._widgets = []
 
     # ------------------------------------------------------------- events
     def launch_started(self, result, spec, backend):
@@ -103,13 +118,14 @@ class WidgetView:
                            f'{html.escape(transcript.launch_line(result, spec, backend, "×"))}{hidden}; '
                            f'full logs in <code>{html.escape(result.log_dir)}</code></span>')
         self._push_header()
-        self.handle = self._publish(self._bundle(final=False), raw=True, display_id=True)
+        self.handle = self._publish(self._live_bundle(), raw=True, display_id=True)
 
     def rank_started(self, rank_result):
         self._header_dirty = True
 
     def output(self, rank: int, stream: str, data: bytes):
-        if self.c.output(rank, stream, data):
+        if rank in self.c.tails:   # finished lines, or the pending line changed
+            self.c.output(rank, stream, data)
             self.panes[rank].dirty = True
             self.panes["all"].dirty = True
 
@@ -155,8 +171,9 @@ class WidgetView:
         now = time.monotonic()
         for pane in self.panes.values():
             self._push_pane(pane, now)
-        if self.handle is not None:
-            self.handle.update(self._bundle(final=True), raw=True)
+        if self.handle is not None:   # the durable output: the static transcript, no widget
+            self.handle.update(transcript.bundle(self.c, include_displays=True), raw=True)
+        self.close()
 
     # ------------------------------------------------------------ drawing
     def _push_header(self):
@@ -164,16 +181,18 @@ class WidgetView:
         self._header_at = time.monotonic()
         result = self.c.result
         self.header.value = (f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>'
-                             f'<div style="display:flex;flex-wrap:wrap">{transcript.chips_html(result)}</div>')
+                             f'<div style="display:flex;flex-wrap:wrap">{transcript.chips_html(result, progress=self.c.progress)}</div>')
 
     def _push_pane(self, pane: _Pane, now: float) -> int:
         key = next(k for k, p in self.panes.items() if p is pane)
         if key == "all":
-            tail, body = self.c.all, transcript.lines_html(self.c.all.lines, with_rank=True)
+            tail = self.c.all
+            pending = [(s, (r, line)) for r in self.c.tails for s, line in self.c.pending(r)]
+            body = transcript.lines_html(list(tail.lines) + pending, with_rank=True)
             log = self.c.result.log_dir
         else:
             tail = self.c.tails[key]
-            body = transcript.lines_html(tail.lines)
+            body = transcript.lines_html(list(tail.lines) + self.c.pending(key))
             log = transcript.log_path(self.c.result, key)
         hidden = tail.hidden
         pane.marker.value = "" if not hidden else (
