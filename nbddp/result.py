@@ -130,10 +130,9 @@ class RunResult:
                 return (f"all {len(self.ranks)} ranks on this node (of {self.world_size} in the job) "
                         f"finished ok in {self.elapsed:.2f} s")
             return f"all {self.world_size} ranks finished ok in {self.elapsed:.2f} s"
-        lines = []
-        for r in self.ranks:
-            if r.state != OK:
-                lines.append(r.describe())
+        from .summary import state_lines   # ranks in the same state said once
+
+        lines = state_lines(self.ranks)
         oks = [str(r.rank) for r in self.ranks if r.ok]
         if oks:
             lines.append(f"rank{'s' if len(oks) > 1 else ''} {_ranges(oks)} finished ok")

@@ -12,7 +12,8 @@ import time
 from collections import deque
 
 from . import terminal
-from .result import FINAL_STATES, OK, RUNNING, STARTING
+from . import summary
+from .result import FINAL_STATES, KILLED, OK, RUNNING, STARTING, signal_name
 from .terminal import Terminal
 
 MAX_LINE = terminal.MAX_LINE  # characters kept of one line (the rest is counted, not kept)
@@ -21,6 +22,8 @@ ALL_LINES = 1000         # lines kept in the interleaved "all ranks" view
 MAX_DISPLAYS = 20        # rich outputs kept per rank
 TRANSCRIPT_LINES = 200   # lines per rank in the saved transcript
 PROGRESS_CHARS = 48      # of a rank's progress line shown on its chip
+CHIP_LIMIT = 8           # more ranks than this: same-state ranks share a chip after a failure
+_CHIP_STYLE = "display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;font:12px monospace"
 
 # chip colours per state: (foreground, background)
 STATE_COLORS = {
@@ -146,8 +149,10 @@ def status_words(rank_result, now: float | None = None) -> str:
     elapsed = elapsed_of(rank_result, now)
     if elapsed is not None:
         parts.append(f"{elapsed:.1f} s")
-    if rank_result.exitcode is not None:
-        parts.append(f"exit {rank_result.exitcode}")
+    code = rank_result.exitcode
+    if code is not None:   # a signal by its name: "stopped (SIGTERM)", not "exit -15"
+        parts.append(f"({'stopped' if rank_result.state != KILLED else 'by'} {signal_name(-code)})"
+                     if code < 0 else f"exit {code}")
     return " ".join(parts)
 
 
@@ -208,11 +213,14 @@ def _span(ranks: list[int]) -> str:
 def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) -> str:
     result = collector.result
     out = [headline(result, collector.finished), f"logs: {result.log_dir}"]
-    for r in result.ranks:
-        line = f"  rank {r.rank}: {status_words(r)}"
-        if r.cause:
-            line += f" — {r.cause}"
-        out.append(line)
+    if _folded(result):
+        out += ["  " + line for line in summary.state_lines(result.ranks, include_ok=True)]
+    else:
+        for r in result.ranks:
+            line = f"  rank {r.rank}: {status_words(r)}"
+            if r.cause:
+                line += f" — {r.cause}"
+            out.append(line)
     for note in collector.notes:
         out.append(f"note: {note}")
     if result.remote:
@@ -229,6 +237,11 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) ->
     return "\n".join(out) + "\n"
 
 
+def _folded(result) -> bool:
+    """Many ranks and a failure: same-state ranks are said once (chips, status lines)."""
+    return len(result.ranks) > CHIP_LIMIT and any(r.state in summary.CAUSING for r in result.ranks)
+
+
 def chip_html(rank_result, now: float | None = None, progress: str = "") -> str:
     """One rank's status chip; ``progress`` (its latest progress-bar line) shown small inside."""
     fg, bg = STATE_COLORS.get(rank_result.state, ("#333", "#eee"))
@@ -239,14 +252,26 @@ def chip_html(rank_result, now: float | None = None, progress: str = "") -> str:
         extra = f' <span class="nbddp-progress" style="opacity:.8">{html.escape(short)}</span>'
     title = html.escape(rank_result.cause or rank_result.state, quote=True)
     return (f'<span class="nbddp-chip nbddp-{rank_result.state.replace(" ", "-")}" title="{title}" '
-            f'style="display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;'
-            f'font:12px monospace;color:{fg};background:{bg};border:1px solid {fg}33">'
+            f'style="{_CHIP_STYLE};color:{fg};background:{bg};border:1px solid {fg}33">'
             f'rank {rank_result.rank}: {html.escape(status_words(rank_result, now))}{extra}</span>')
 
 
 def chips_html(result, now: float | None = None, progress=None) -> str:
-    """``progress``: rank → its progress line (a Collector's ``progress``), or None."""
-    return "".join(chip_html(r, now, progress(r.rank) if progress else "") for r in result.ranks)
+    """``progress``: rank → its progress line (a Collector's ``progress``), or None. Above
+    CHIP_LIMIT ranks, once some rank failed, the ranks in the same final state share one chip."""
+    if not _folded(result):
+        return "".join(chip_html(r, now, progress(r.rank) if progress else "") for r in result.ranks)
+    out = []
+    for ranks, state, cause in sorted(summary.groups(result.ranks), key=lambda g: g[1] not in summary.CAUSING):
+        if len(ranks) == 1:
+            out.append(chip_html(result.rank(ranks[0]), now, progress(ranks[0]) if progress else ""))
+            continue
+        fg, bg = STATE_COLORS.get(state, ("#333", "#eee"))
+        out.append(f'<span class="nbddp-chip nbddp-group nbddp-{state.replace(" ", "-")}" '
+                   f'title="{html.escape(cause or state, quote=True)}" style="{_CHIP_STYLE};color:{fg};'
+                   f'background:{bg};border:1px solid {fg}33">{html.escape(summary.label(ranks))}: '
+                   f'{html.escape(state + (f" ({cause})" if cause else ""))}</span>')
+    return "".join(out)
 
 
 def lines_html(entries, with_rank: bool = False) -> str:
@@ -289,17 +314,18 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
            f'<div><b>{html.escape(headline(result, collector.finished))}</b> '
            f'<span style="color:#666">logs: <code>{html.escape(result.log_dir)}</code></span></div>',
            f'<div>{chips_html(result, progress=collector.progress)}</div>']
-    for r in result.ranks:
-        if r.cause:
-            out.append(f'<div style="color:#a31515">rank {r.rank}: {html.escape(r.cause)}</div>')
+    for line in summary.state_lines(result.ranks):
+        out.append(f'<div style="color:#a31515">{html.escape(line)}</div>')
     for note in collector.notes:
         out.append(f'<pre style="{PRE_STYLE};color:#8a4b00">{html.escape(note)}</pre>')
     if result.remote:
         out.append(f'<div style="color:#666">ranks {_span(result.remote)}: on other nodes '
                    f'(their output is shown there)</div>')
+    failed = {r.rank for r in result.ranks if r.state in summary.CAUSING}
     for rank, tail in _local_tails(collector):
         lines = list(tail.lines)[-lines_per_rank:]
-        out.append(f'<details{" open" if expanded else ""}><summary>rank {rank} — {html.escape(status_words(result.rank(rank)))}'
+        is_open = expanded and (not failed or rank in failed)   # a failure: its ranks open, the rest folded
+        out.append(f'<details{" open" if is_open else ""}><summary>rank {rank} — {html.escape(status_words(result.rank(rank)))}'
                    f' ({tail.total} line{"s" if tail.total != 1 else ""})</summary>')
         if tail.total > len(lines):
             out.append(f'<div style="color:#666"><i>{html.escape(_hidden_note(tail, len(lines), ""))}'

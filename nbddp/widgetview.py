@@ -25,6 +25,8 @@ import ipywidgets as W
 from IPython.display import display as ipy_display
 
 from . import transcript
+from .result import OK, RUNNING, STARTING
+from .summary import CAUSING
 from .transcript import Collector
 
 TAB_LIMIT = 8            # more shown ranks than this: a dropdown instead of a tab strip
@@ -87,10 +89,12 @@ class WidgetView:
             stack = W.Stack(children=boxes, selected_index=0)
             pick = W.Dropdown(options=titles, index=0, description="show", layout=W.Layout(width="16em"))
             link = W.jslink((pick, "index"), (stack, "selected_index"))  # in the browser, while the cell runs
+            self.stack = stack
             body = W.VBox([pick, stack])
             self.selector = pick
             self._widgets += [link, stack, pick]
         self.body = body
+        self.order = order
         self.root = W.VBox([self.header, self.info, body])
         self.root.add_class("nbddp-view")
         self._widgets += [body, self.root] + [w for p in self.panes.values() for w in p.widgets]
@@ -147,6 +151,8 @@ class WidgetView:
     def rank_exited(self, rank_result):
         self.c.rank_exited(rank_result)
         self._header_dirty = True
+        if rank_result.state not in (OK,) and rank_result.rank in self.panes:
+            self._relabel(focus=rank_result.rank if rank_result.state in CAUSING else None)
         for key in (rank_result.rank, "all"):
             if key in self.panes:
                 self.panes[key].dirty = True
@@ -174,6 +180,28 @@ class WidgetView:
         if self.handle is not None:   # the durable output: the static transcript, no widget
             self.handle.update(transcript.bundle(self.c, include_displays=True), raw=True)
         self.close()
+
+    def _relabel(self, focus=None):
+        """Tab/dropdown labels carry each rank's state; ``focus``: the first rank that failed is shown."""
+        labels = []
+        for key in self.order:
+            res = self.c.result.rank(key) if key != "all" else None
+            word = res.state if res is not None and res.state not in (OK, RUNNING, STARTING) else ""
+            labels.append(self.panes[key].title + (f" · {word}" if word else ""))
+        if focus is not None and not getattr(self, "_focused", False):
+            self._focused = True
+            index = self.order.index(focus)
+        else:
+            index = None
+        if isinstance(self.selector, W.Tab):
+            self.selector.titles = tuple(labels)
+            if index is not None:
+                self.selector.selected_index = index
+        else:
+            keep = self.selector.index if index is None else index
+            self.selector.options = labels
+            self.selector.index = keep
+            self.stack.selected_index = keep
 
     # ------------------------------------------------------------ drawing
     def _push_header(self):
