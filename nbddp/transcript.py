@@ -30,7 +30,7 @@ STATE_COLORS = {
     "starting": ("#555", "#eee"), "running": ("#0b5394", "#e3f0fc"), "ok": ("#1e6b2e", "#e2f5e6"),
     "failed": ("#a31515", "#fde7e7"), "timed out": ("#8a4b00", "#fff1dc"),
     "killed": ("#a31515", "#fde7e7"), "terminated": ("#666", "#f0f0f0"),
-    "interrupted": ("#8a4b00", "#fff1dc"),
+    "interrupted": ("#8a4b00", "#fff1dc"), "hung": ("#8a5a00", "#ffe8b0"),
 }
 STDERR_STYLE = "color:#a31515;background:#fff3f3"
 # a <pre> in nbconvert's HTML otherwise takes the page's proportional font
@@ -242,25 +242,31 @@ def _folded(result) -> bool:
     return len(result.ranks) > CHIP_LIMIT and any(r.state in summary.CAUSING for r in result.ranks)
 
 
-def chip_html(rank_result, now: float | None = None, progress: str = "") -> str:
-    """One rank's status chip; ``progress`` (its latest progress-bar line) shown small inside."""
-    fg, bg = STATE_COLORS.get(rank_result.state, ("#333", "#eee"))
+def chip_html(rank_result, now: float | None = None, progress: str = "", hung: bool = False) -> str:
+    """One rank's status chip; ``progress`` (its latest progress-bar line) shown small inside;
+    ``hung``: amber, with where the rank waits (while the idle warning holds)."""
+    fg, bg = STATE_COLORS["hung"] if hung else STATE_COLORS.get(rank_result.state, ("#333", "#eee"))
     extra = ""
+    if hung and rank_result.blocked_at:
+        progress = f"waiting at {rank_result.blocked_at}"
     if progress:
         short = progress.strip()
         short = short if len(short) <= PROGRESS_CHARS else short[:PROGRESS_CHARS - 1] + "…"
         extra = f' <span class="nbddp-progress" style="opacity:.8">{html.escape(short)}</span>'
     title = html.escape(rank_result.cause or rank_result.state, quote=True)
-    return (f'<span class="nbddp-chip nbddp-{rank_result.state.replace(" ", "-")}" title="{title}" '
+    state_class = "hung" if hung else rank_result.state.replace(" ", "-")
+    return (f'<span class="nbddp-chip nbddp-{state_class}" title="{title}" '
             f'style="{_CHIP_STYLE};color:{fg};background:{bg};border:1px solid {fg}33">'
             f'rank {rank_result.rank}: {html.escape(status_words(rank_result, now))}{extra}</span>')
 
 
-def chips_html(result, now: float | None = None, progress=None) -> str:
-    """``progress``: rank → its progress line (a Collector's ``progress``), or None. Above
-    CHIP_LIMIT ranks, once some rank failed, the ranks in the same final state share one chip."""
+def chips_html(result, now: float | None = None, progress=None, hung=()) -> str:
+    """``progress``: rank → its progress line (a Collector's ``progress``), or None; ``hung``:
+    the ranks the idle warning found waiting. Above CHIP_LIMIT ranks, once some rank failed,
+    the ranks in the same final state share one chip."""
     if not _folded(result):
-        return "".join(chip_html(r, now, progress(r.rank) if progress else "") for r in result.ranks)
+        return "".join(chip_html(r, now, progress(r.rank) if progress else "", r.rank in hung)
+                       for r in result.ranks)
     out = []
     for ranks, state, cause in sorted(summary.groups(result.ranks), key=lambda g: g[1] not in summary.CAUSING):
         if len(ranks) == 1:

@@ -25,6 +25,7 @@ import ipywidgets as W
 from IPython.display import display as ipy_display
 
 from . import transcript
+from .diagnosis import IDLE_WARNING
 from .result import OK, RUNNING, STARTING
 from .summary import CAUSING
 from .transcript import Collector
@@ -66,6 +67,7 @@ class WidgetView:
         self.panes: dict = {}
         self.root = None
         self._widgets = [self.header, self.info]   # everything to close when the launch ends
+        self._hung: dict = {}   # rank -> where it waits, while the idle warning holds
         self._header_dirty = True
         self._header_at = 0.0
         self.updates_sent = 0   # pane updates sent to the front end (for tests and budgets)
@@ -128,6 +130,9 @@ class WidgetView:
         self._header_dirty = True
 
     def output(self, rank: int, stream: str, data: bytes):
+        if self._hung:   # output resumed: the hang warning no longer holds
+            self._hung = {}
+            self._header_dirty = True
         if rank in self.c.tails:   # finished lines, or the pending line changed
             self.c.output(rank, stream, data)
             self.panes[rank].dirty = True
@@ -142,6 +147,11 @@ class WidgetView:
 
     def note(self, text: str):
         self.c.note(text)
+        if text.startswith(IDLE_WARNING):   # a hang, visible while it lasts: banner + amber chips
+            self._hung = {r.rank: r.blocked_at for r in self.c.result.ranks
+                          if r.ended_at is None and r.state in (RUNNING, STARTING)}
+            self._hung_since = time.monotonic()
+            self._push_header()
         pane = self.panes.get("all")
         if pane is not None:
             self.c.all.lines.append(("stderr", ("nbddp", text)))
@@ -208,8 +218,17 @@ class WidgetView:
         self._header_dirty = False
         self._header_at = time.monotonic()
         result = self.c.result
-        self.header.value = (f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>'
-                             f'<div style="display:flex;flex-wrap:wrap">{transcript.chips_html(result, progress=self.c.progress)}</div>')
+        hung = {r: where for r, where in self._hung.items() if result.rank(r) and result.rank(r).ended_at is None}
+        banner = ""
+        if hung and not self.c.finished:
+            where = "; ".join(f"rank {r} blocked at {w}" if w else f"rank {r}: no stack" for r, w in sorted(hung.items()))
+            banner = (f'<div class="nbddp-hang" style="margin:3px 0;padding:3px 8px;border-radius:3px;'
+                      f'background:#fff1dc;color:#8a4b00;border:1px solid #e0b060">&#9888; no output from any '
+                      f'rank for {time.monotonic() - self._hung_since + (self.spec.idle_warning or 0):.0f} s — a hung '
+                      f'collective? {html.escape(where)}</div>')
+        self.header.value = (f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>{banner}'
+                             f'<div style="display:flex;flex-wrap:wrap">'
+                             f'{transcript.chips_html(result, progress=self.c.progress, hung=hung)}</div>')
 
     def _push_pane(self, pane: _Pane, now: float) -> int:
         key = next(k for k, p in self.panes.items() if p is pane)

@@ -259,3 +259,27 @@ while time.time() < end:
     # still live: several updates of rank 0's pane went out while it ran
     values = [m for m in of_type(messages, "comm_msg") if "zzzz" in str(m["content"]["data"].get("state", {}).get("value", ""))]
     assert len(values) >= 4
+
+
+def test_hang_shows_a_banner_and_amber_chips_until_output_resumes(kernel):
+    cell = """%%ddp -n 2 --output widgets --idle-warning 1.5
+import os, time
+if os.environ["RANK"] == "0":
+    time.sleep(4.5)        # silent, as a rank waiting in a collective is
+else:
+    time.sleep(3.5)
+    print("rank 1 is back", flush=True)
+time.sleep(1.5)
+"""
+    messages, reply = run_raw(kernel, cell)
+    assert reply["status"] == "ok", reply
+    headers = [str(m["content"]["data"]["state"]["value"]) for m in of_type(messages, "comm_msg")
+               if "nbddp-chip" in str(m["content"]["data"].get("state", {}).get("value", ""))]
+    hung = [i for i, h in enumerate(headers) if 'class="nbddp-hang"' in h]
+    assert hung, headers[-1]
+    banner = headers[hung[0]]
+    assert "rank 0 blocked at " in banner and "rank 1 blocked at " in banner, banner
+    assert banner.count("nbddp-chip nbddp-hung") == 2
+    # rank 1 wrote again: the banner went and the chips are back to their state
+    assert hung[-1] < len(headers) - 1 and 'class="nbddp-hang"' not in headers[-1]
+    assert "nbddp-hung" not in headers[-1]
