@@ -19,9 +19,11 @@ the front end about 1 MB of HTML a second, whatever the ranks produce.
 from __future__ import annotations
 
 import html
+import itertools
 import time
 
 import ipywidgets as W
+from ipywidgets.widgets.widget_string import HTMLStyle
 from IPython.display import display as ipy_display
 
 from . import transcript
@@ -37,21 +39,53 @@ RATE_CHARS_PER_S = 1_000_000  # pane HTML sent to the front end per second, on a
 BURST_CHARS = 1_000_000       # what may go out at once after a quiet spell
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
-_BOX = ("max-height:26em;overflow:auto;display:flex;flex-direction:column-reverse;"
-        "border:1px solid #ddd;border-radius:3px;padding:2px 6px;background:#fcfcfc")
+SLACK_LINES = 250        # a pane holds up to TAIL_LINES + this before it is compacted
+MAX_BLOCKS = 120         # blocks in a pane before it is compacted
 
 
 class _Pane:
-    def __init__(self, title: str):
+    """One rank's (or all ranks') scrolling pane. Lines are appended in blocks: each push adds
+    one HTML widget with the lines that came since the last one, and only the small "pending"
+    widget (lines still being written) is re-sent; nothing shown is replaced, so a selection
+    survives and the scroller, created once, keeps its position (column-reverse: pinned to the
+    newest line while the user is at the bottom, left alone when they scrolled up). A rank's rich
+    output is a block of its own, in order with its lines. Bounded: past TAIL_LINES + SLACK_LINES
+    lines (or MAX_BLOCKS blocks) the pane is compacted to its last TAIL_LINES lines, once.
+    """
+
+    def __init__(self, title: str, shared: dict):
         self.title = title
-        self.text = W.HTML(value="")
-        self.marker = W.HTML(value="")
-        self.rich = W.Output()
-        self.box = W.VBox([self.marker, self.text, self.rich])
-        self.widgets = [self.text, self.marker, self.rich, self.box]
+        self.shared = shared
+        self.marker = W.HTML(value="", **shared)
+        self.pending = W.HTML(value="", **shared)
+        self.blocks: list = []        # (widget, lines in it)
+        self.shown = 0                # lines in the blocks
+        self.sent = 0                 # the tail's total when the last block was made
+        self.inner = W.VBox([self.marker, self.pending])
+        self.box = W.VBox([self.inner], layout=W.Layout(
+            max_height="26em", overflow="auto", display="flex", flex_flow="column-reverse",
+            border="1px solid #ddd", padding="2px 6px"))
         self.box.add_class("nbddp-pane")
+        self.widgets = [self.marker, self.pending, self.inner, self.box]
         self.dirty = False
         self.pushed_at = 0.0
+
+    def _children(self):
+        self.inner.children = (self.marker, *(w for w, _ in self.blocks), self.pending)
+
+    def append(self, widget, lines: int) -> None:
+        self.blocks.append((widget, lines))
+        self.shown += lines
+        self._children()
+
+    def clear(self) -> None:
+        for widget, _ in self.blocks:
+            widget.close()
+        self.blocks, self.shown = [], 0
+
+
+def _pre(body: str) -> str:
+    return f'<pre style="margin:0;font-size:12px;line-height:1.35;white-space:pre">{body}</pre>'
 
 
 class WidgetView:
@@ -77,9 +111,12 @@ class WidgetView:
     # ------------------------------------------------------------ building
     def _build(self):
         shown = sorted(self.c.tails)
-        self.panes = {"all": _Pane("all ranks")}
+        # one layout and style for all blocks (else each HTML widget brings two more models)
+        shared = {"layout": W.Layout(margin="0", flex="none"), "style": HTMLStyle()}
+        self._widgets += list(shared.values())
+        self.panes = {"all": _Pane("all ranks", shared)}
         for r in shown:
-            self.panes[r] = _Pane(f"rank {r}")
+            self.panes[r] = _Pane(f"rank {r}", shared)
         order = [r for r in shown] + ["all"]
         boxes = [self.panes[k].box for k in order]
         titles = [self.panes[k].title for k in order]
@@ -108,6 +145,8 @@ class WidgetView:
 
     def close(self):
         """Close every widget of the view (and their layouts and styles): no comm outlives the cell."""
+        for pane in self.panes.values():
+            pane.clear()
         for widget in self._widgets:
             for part in (getattr(widget, "layout", None), getattr(widget, "style", None), widget):
                 if isinstance(part, W.Widget):
@@ -142,8 +181,10 @@ class WidgetView:
         if not self.c.display(rank, bundle):
             return
         pane = self.panes[rank]
-        outputs = tuple(pane.rich.outputs) + ({"output_type": "display_data", "data": bundle, "metadata": {}},)
-        pane.rich.outputs = outputs[-transcript.MAX_DISPLAYS:]
+        self._push_pane(pane, time.monotonic())   # the lines before it first: the order is kept
+        rich = W.Output(layout=pane.shared["layout"])
+        rich.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+        pane.append(rich, 0)
 
     def note(self, text: str):
         self.c.note(text)
@@ -233,21 +274,39 @@ class WidgetView:
     def _push_pane(self, pane: _Pane, now: float) -> int:
         key = next(k for k, p in self.panes.items() if p is pane)
         if key == "all":
-            tail = self.c.all
+            tail, with_rank = self.c.all, True
             pending = [(s, (r, line)) for r in self.c.tails for s, line in self.c.pending(r)]
-            body = transcript.lines_html(list(tail.lines) + pending, with_rank=True)
             log = self.c.result.log_dir
         else:
-            tail = self.c.tails[key]
-            body = transcript.lines_html(list(tail.lines) + self.c.pending(key))
+            tail, with_rank = self.c.tails[key], False
+            pending = self.c.pending(key)
             log = transcript.log_path(self.c.result, key)
-        hidden = tail.hidden
-        pane.marker.value = "" if not hidden else (
+        sent = 0
+        new = tail.total - pane.sent
+        if new > 0:
+            keep = tail.lines.maxlen
+            if new >= len(tail.lines) or pane.shown + new > keep + SLACK_LINES or len(pane.blocks) >= MAX_BLOCKS:
+                pane.clear()   # compact: start again from the tail (rare: a flood, or a long run)
+                entries = list(tail.lines)
+            else:
+                entries = list(itertools.islice(tail.lines, len(tail.lines) - new, None))
+            value = _pre(transcript.lines_html(entries, with_rank=with_rank))
+            block = W.HTML(value=value, **pane.shared)
+            block.add_class("nbddp-block")
+            pane.append(block, len(entries))
+            pane.sent = tail.total
+            sent += len(value)
+        hidden = tail.total - pane.shown
+        marker = "" if not hidden else (
             f'<div class="nbddp-hidden" style="color:#666;font-size:12px"><i>… {hidden} earlier '
             f'line{"s" if hidden != 1 else ""} hidden; full log: <code>{html.escape(log)}</code></i></div>')
-        value = f'<div style="{_BOX}"><pre style="margin:0;font-size:12px;flex:none;overflow:visible">{body}</pre></div>'
-        pane.text.value = value
+        if pane.marker.value != marker:
+            pane.marker.value = marker
+        value = _pre(transcript.lines_html(pending, with_rank=with_rank)) if pending else ""
+        if pane.pending.value != value:
+            pane.pending.value = value
+            sent += len(value)
         pane.dirty = False
         pane.pushed_at = now
         self.updates_sent += 1
-        return len(value)
+        return sent

@@ -52,6 +52,11 @@ def final_bundle(messages):
     return shown[-1]["content"]["data"]
 
 
+def widget_msgs(messages):
+    """What went to the widget front end: new widgets (a pane's blocks) and state updates."""
+    return of_type(messages, "comm_open", "comm_msg")
+
+
 def comm_models(messages):
     """model_id -> model_name of every widget the cell created."""
     return {m["content"]["comm_id"]: m["content"]["data"]["state"].get("_model_name")
@@ -87,7 +92,7 @@ def test_widgets_view_and_transcript(kernel):
         titles = updates[-1]["titles"]
     assert list(titles) == ["rank 0", "rank 1", "all ranks"]
     # live pane contents went out as widget state updates: stderr highlighted, all-ranks prefixed
-    values = " ".join(str(m["content"]["data"].get("state", {}).get("value", "")) for m in of_type(messages, "comm_msg"))
+    values = " ".join(str(m["content"]["data"].get("state", {}).get("value", "")) for m in widget_msgs(messages))
     assert "hello from 0" in values and "hello from 1" in values
     assert 'class="nbddp-stderr"' in values and "[rank1]: hello from 1" in values
     assert "rank 0: ok" in values and "rank 1: ok" in values and "exit 0" in values
@@ -165,9 +170,9 @@ def test_rich_output_lands_in_the_ranks_pane(kernel):
         state = m["content"]["data"].get("state", {})
         if "outputs" in state:
             last_by_comm[m["content"]["comm_id"]] = state["outputs"]
-    assert outputs_states and len(last_by_comm) == 2   # one Output widget per rank received its displays
-    for outputs in last_by_comm.values():
-        assert len(outputs) == 3 and any("image/png" in o["data"] for o in outputs)
+    # each display is an Output block of its own in the rank's pane, in order with its lines
+    assert outputs_states and len(last_by_comm) == 6 and all(len(o) == 1 for o in last_by_comm.values())
+    assert sum("image/png" in o[0]["data"] for o in last_by_comm.values()) == 2
     data = final_bundle(messages)
     assert data["text/html"].count("data:image/png;base64,") == 2 and "bold 1" in data["text/html"]
 
@@ -188,8 +193,8 @@ else:
     messages, reply = run_raw(kernel, cell)
     elapsed = time.monotonic() - t
     assert reply["status"] == "ok"
-    comm_bytes = sum(len(json.dumps(m["content"])) for m in of_type(messages, "comm_msg"))
-    n_comm = len(of_type(messages, "comm_msg"))
+    comm_bytes = sum(len(json.dumps(m["content"])) for m in widget_msgs(messages))
+    n_comm = len(widget_msgs(messages))
     print(f"flood: {elapsed:.1f} s, {n_comm} widget updates, {comm_bytes / 1e6:.1f} MB to the front end")
     assert elapsed < 120
     # the front end got a bounded tail, not 60 MB: updates are batched and each is a bounded tail
@@ -197,7 +202,7 @@ else:
     data = final_bundle(messages)
     assert "flood line 199999" in data["text/plain"]
     assert "199800 earlier lines hidden" in data["text/plain"] and "49800 earlier lines hidden" in data["text/plain"]
-    values = [m["content"]["data"]["state"]["value"] for m in of_type(messages, "comm_msg")
+    values = [m["content"]["data"]["state"]["value"] for m in widget_msgs(messages)
               if "earlier" in str(m["content"]["data"].get("state", {}).get("value", ""))]
     assert any("earlier lines hidden; full log:" in v and "rank0.stdout" in v for v in values)
     assert len(json.dumps(data)) < 3e6
@@ -253,11 +258,11 @@ while time.time() < end:
     messages, reply = run_raw(kernel, cell)
     elapsed = time.monotonic() - t
     assert reply["status"] == "ok"
-    sent = sum(len(json.dumps(m["content"])) for m in of_type(messages, "comm_msg"))
+    sent = sum(len(json.dumps(m["content"])) for m in widget_msgs(messages))
     print(f"steady long-line flood: {elapsed:.1f} s, {sent / 1e6:.1f} MB to the front end")
     assert sent / elapsed < 2.5e6, (sent, elapsed)
     # still live: several updates of rank 0's pane went out while it ran
-    values = [m for m in of_type(messages, "comm_msg") if "zzzz" in str(m["content"]["data"].get("state", {}).get("value", ""))]
+    values = [m for m in widget_msgs(messages) if "zzzz" in str(m["content"]["data"].get("state", {}).get("value", ""))]
     assert len(values) >= 4
 
 

@@ -124,7 +124,7 @@ def test_widgets_show_the_pending_line_live_and_leave_the_static_transcript(kern
     messages, reply = run_raw(kernel, TQDM.format(mode="widgets"))
     assert reply["status"] == "ok", reply
     values = [(i, str(m["content"]["data"].get("state", {}).get("value", "")))
-              for i, m in enumerate(messages) if m["msg_type"] == "comm_msg"]
+              for i, m in enumerate(messages) if m["msg_type"] in ("comm_open", "comm_msg")]
     # the bar (no newline yet) was in the pane while the rank ran, and on its chip
     live = [i for i, v in values if "/40" in v and "100%" not in v and "nbddp-chip" not in v]
     assert live and live[0] < _arrival(messages, "rank done")
