@@ -150,9 +150,13 @@ def status_words(rank_result, now: float | None = None) -> str:
     if elapsed is not None:
         parts.append(f"{elapsed:.1f} s")
     code = rank_result.exitcode
-    if code is not None:   # a signal by its name: "stopped (SIGTERM)", not "exit -15"
-        parts.append(f"({'stopped' if rank_result.state != KILLED else 'by'} {signal_name(-code)})"
-                     if code < 0 else f"exit {code}")
+    if code is not None and code >= 0:
+        parts.append(f"exit {code}")
+    elif code is not None and rank_result.state == KILLED:   # a signal by its name, not "exit -9"
+        parts.append(f"({signal_name(-code)})")
+    elif code is not None:   # "terminated 1.2 s, stopped (SIGTERM)", not "exit -15"
+        parts[-1] += "," if len(parts) > 1 else ""
+        parts.append(f"stopped ({signal_name(-code)})")
     return " ".join(parts)
 
 
@@ -320,8 +324,10 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
            f'<div><b>{html.escape(headline(result, collector.finished))}</b> '
            f'<span style="color:#666">logs: <code>{html.escape(result.log_dir)}</code></span></div>',
            f'<div>{chips_html(result, progress=collector.progress)}</div>']
-    for line in summary.state_lines(result.ranks):
-        out.append(f'<div style="color:#a31515">{html.escape(line)}</div>')
+    folded = _folded(result)   # then the chips already say the other groups
+    for ranks, state, cause in summary.groups(result.ranks):
+        if cause and (not folded or state in summary.CAUSING):
+            out.append(f'<div style="color:#a31515">{html.escape(summary.label(ranks))}: {html.escape(cause)}</div>')
     for note in collector.notes:
         out.append(f'<pre style="{PRE_STYLE};color:#8a4b00">{html.escape(note)}</pre>')
     if result.remote:

@@ -61,7 +61,8 @@ class _Pane:
         self.blocks: list = []        # (widget, lines in it)
         self.shown = 0                # lines in the blocks
         self.sent = 0                 # the tail's total when the last block was made
-        self.inner = W.VBox([self.marker, self.pending])
+        # flex:none — a box shrinks to its scroller's height (and scrolls itself) otherwise
+        self.inner = W.VBox([self.marker, self.pending], layout=W.Layout(flex="none", overflow="visible"))
         self.box = W.VBox([self.inner], layout=W.Layout(
             max_height="26em", overflow="auto", display="flex", flex_flow="column-reverse",
             border="1px solid #ddd", padding="2px 6px"))

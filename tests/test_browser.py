@@ -41,6 +41,24 @@ MANY = """%%ddp -n 32
 import os
 print("rank says", os.environ["RANK"])
 """
+STREAM = """%%ddp -n 2 --ranks 0
+import time
+for i in range(180):
+    print(f"step {i} loss {1 / (i + 1):.4f}", flush=True)
+    time.sleep(0.05)
+"""
+HANG = """%%ddp -n 2 --idle-warning 1.5
+import os, time
+time.sleep(4 if os.environ["RANK"] == "0" else 3)
+print("back", flush=True)
+time.sleep(1.5)
+"""
+FAIL16 = """%%ddp -n 16
+import os, time
+if os.environ["RANK"] == "11":
+    time.sleep(1); raise ValueError("rank eleven broke")
+time.sleep(30)
+"""
 
 
 def _free_port():
@@ -54,7 +72,7 @@ def lab(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
-                     "outputs": [], "source": src} for i, src in enumerate(["%load_ext nbddp", CELL, FLOOD, MANY])],
+                     "outputs": [], "source": src} for i, src in enumerate(["%load_ext nbddp", CELL, FLOOD, MANY, STREAM, HANG, FAIL16])],
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
     (root / "ddp.ipynb").write_text(json.dumps(nb))
@@ -167,6 +185,54 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
             many.scroll_into_view_if_needed()
             many.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-32-ranks.png"))
             print(f"browser: the page answered in {respond_s:.2f} s after the flood")
+
+            # streaming: scrolled up and a selected line both survive 3 s of new lines
+            live = page.locator(".jp-Cell").nth(4).locator(".nbddp-view")
+            expect(live).to_contain_text("step 70 ", timeout=120_000)
+            live.scroll_into_view_if_needed()
+            scroller = live.locator(".nbddp-pane:visible").first
+            from_top = "e => e.scrollHeight - e.clientHeight + e.scrollTop"   # column-reverse: scrollTop <= 0
+            scroller.evaluate("e => { e.scrollTop = -(e.scrollHeight - e.clientHeight) + 40 }")   # near the top
+            page.wait_for_timeout(300)
+            top0 = scroller.evaluate(from_top)
+            picked = scroller.evaluate("""e => {
+                const pre = e.querySelector('.nbddp-block pre');
+                const range = document.createRange(); range.selectNodeContents(pre.firstChild || pre);
+                const sel = window.getSelection(); sel.removeAllRanges(); sel.addRange(range);
+                return sel.toString(); }""")
+            assert "step 0 loss 1.0000" in picked, picked
+            page.wait_for_timeout(3000)
+            assert page.evaluate("window.getSelection().toString()") == picked
+            top1, bottom_gap = scroller.evaluate("e => [e.scrollHeight - e.clientHeight + e.scrollTop, -e.scrollTop]")
+            assert abs(top1 - top0) < 5 and bottom_gap > 200, (top0, top1, bottom_gap)
+            live.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-scrolled.png"))
+            # back at the bottom, the pane follows the newest line again
+            scroller.evaluate("e => { e.scrollTop = 0 }")
+            page.wait_for_timeout(1000)
+            assert abs(scroller.evaluate("e => e.scrollTop")) < 5
+
+            # a hang: banner and amber chips while no rank writes, cleared when output resumes
+            hang = page.locator(".jp-Cell").nth(5).locator(".jp-OutputArea")
+            expect(hang.locator(".nbddp-hang")).to_contain_text("blocked at", timeout=120_000)
+            expect(hang.locator(".nbddp-chip.nbddp-hung")).to_have_count(2)
+            hang.scroll_into_view_if_needed()
+            hang.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-hang.png"))
+            expect(hang.locator(".nbddp-hang")).to_have_count(0, timeout=30_000)
+
+            # 16 ranks, one fails: its section is the open one, the rest said in one line
+            fail = page.locator(".jp-Cell").nth(6).locator(".jp-OutputArea")
+            done = fail.locator(".nbddp-transcript")
+            expect(done).to_contain_text("rank 11: failed", timeout=120_000)
+            summary = "ranks 0–10,12–15: terminated (stopped by nbddp after rank 11 failed)"
+            assert done.inner_text().count(summary) == 1, done.inner_text()[:2000]
+            assert "exit -15" not in done.inner_text() and "stopped (SIGTERM)" in done.inner_text()
+            assert done.locator(".nbddp-chip").count() == 2     # the failed rank, and one for the 15 others
+            opened = done.locator("details[open] > summary")
+            expect(opened).to_have_count(1)
+            expect(opened).to_contain_text("rank 11")
+            expect(fail).to_contain_text("DDPError")
+            fail.scroll_into_view_if_needed()
+            fail.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-16-failure.png"))
             # saved, kernel restarted, page reloaded: the outputs are the transcript, no widget error
             page.keyboard.press("Control+s")
             page.wait_for_timeout(1500)
@@ -176,7 +242,7 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
             page.wait_for_timeout(1500)
             page.reload()
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            expect(page.locator(".nbddp-transcript")).to_have_count(3, timeout=60_000)
+            expect(page.locator(".nbddp-transcript")).to_have_count(6, timeout=60_000)
             assert "model not found" not in page.locator(".jp-Notebook").inner_text()
             page.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-reloaded.png"))
         except Exception:
