@@ -160,7 +160,7 @@ def status_words(rank_result, now: float | None = None) -> str:
     return " ".join(parts)
 
 
-def launch_line(result, spec, backend: str, times: str = "x") -> str:
+def launch_line(result, spec, backend: str, times: str = "×") -> str:
     """The launch's shape, backend and meeting point: the first thing both views show."""
     n = result.world_size
     shape = f"{spec.nnodes} node{'s' if spec.nnodes > 1 else ''} {times} {spec.nproc_per_node}"
@@ -209,6 +209,24 @@ def _local_tails(collector: Collector):
             if result.rank(rank) is not None or tail.total or tail.display_total]
 
 
+def _silent(collector: Collector) -> list:
+    """Many ranks and a failure: the ranks that wrote nothing get no section of their own."""
+    if not _folded(collector.result):
+        return []
+    return [rank for rank, tail in _local_tails(collector) if not tail.total and not tail.display_total]
+
+
+def _silent_lines(collector: Collector) -> list[str]:
+    silent = set(_silent(collector))
+    groups = summary.groups([r for r in collector.result.ranks if r.rank in silent])
+    return [f"{summary.label(ranks)}: {state}, no output" for ranks, state, _ in groups]
+
+
+def _sections(collector: Collector):
+    silent = set(_silent(collector))
+    return [(rank, tail) for rank, tail in _local_tails(collector) if rank not in silent]
+
+
 def _span(ranks: list[int]) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1 \
         else ",".join(map(str, ranks))
@@ -229,7 +247,8 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) ->
         out.append(f"note: {note}")
     if result.remote:
         out.append(f"  ranks {_span(result.remote)}: on other nodes (their output is shown there)")
-    for rank, tail in _local_tails(collector):
+    out += _silent_lines(collector)
+    for rank, tail in _sections(collector):
         lines = list(tail.lines)[-lines_per_rank:]
         out.append(f"--- rank {rank} ({tail.total} line{'s' if tail.total != 1 else ''}) ---")
         if tail.total > len(lines):
@@ -334,7 +353,9 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
         out.append(f'<div style="color:#666">ranks {_span(result.remote)}: on other nodes '
                    f'(their output is shown there)</div>')
     failed = {r.rank for r in result.ranks if r.state in summary.CAUSING}
-    for rank, tail in _local_tails(collector):
+    for line in _silent_lines(collector):
+        out.append(f'<div style="color:#666">{html.escape(line)}</div>')
+    for rank, tail in _sections(collector):
         lines = list(tail.lines)[-lines_per_rank:]
         is_open = expanded and (not failed or rank in failed)   # a failure: its ranks open, the rest folded
         out.append(f'<details{" open" if is_open else ""}><summary>rank {rank} — {html.escape(status_words(result.rank(rank)))}'
