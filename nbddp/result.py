@@ -147,15 +147,9 @@ class RunResult:
 
 
 def _ranges(ranks: list[str]) -> str:
-    nums = sorted(int(r) for r in ranks)
-    parts, start = [], None
-    for i, n in enumerate(nums):
-        if start is None:
-            start = n
-        if i + 1 == len(nums) or nums[i + 1] != n + 1:
-            parts.append(str(start) if start == n else f"{start}–{n}")
-            start = None
-    return ",".join(parts)
+    from .summary import ranges
+
+    return ranges(int(r) for r in ranks)
 
 
 class DDPError(RuntimeError):
