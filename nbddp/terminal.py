@@ -131,6 +131,11 @@ class Terminal:
         return out
 
     @property
+    def has_pending(self) -> bool:
+        """Is a line being written? (Cheap: ``pending`` builds the line.)"""
+        return bool(self._plain or self._segs or self._dropped)
+
+    @property
     def pending(self) -> str:
         """The line being written (no newline yet), as it looks now; '' if none."""
         if self._segs is not None:

@@ -5,7 +5,8 @@ Each rank stream goes through a terminal model (nbddp/terminal.py), so a progres
 line: the line being rewritten is shown at the bottom of its stream (``\\r`` + the line, as a
 terminal does, which Jupyter renders in place), re-sent at most every PENDING_INTERVAL_S, erased
 before any other rank's line is written and shown again after it. ANSI colours pass through
-(Jupyter renders them). Bounded: lines keep at most terminal.MAX_LINE characters, and after
+(Jupyter renders them). Bounded: a line keeps at most LINE_LIMIT characters (the line shown in
+place, terminal.MAX_LINE), and after
 TEXT_LIMIT_CHARS in one launch further lines are counted, not sent (the logs keep everything,
 the end-of-cell transcript the last lines of each rank).
 """
@@ -19,6 +20,7 @@ from .terminal import Terminal
 
 PENDING_INTERVAL_S = 0.3      # a rewritten line is re-sent at most ~3 times a second
 TEXT_LIMIT_CHARS = 5_000_000  # text sent per launch; the rest stays in the logs
+LINE_LIMIT = 2_000_000        # characters of one line sent (a 1 MB line arrives whole)
 
 
 class TextView:
@@ -31,7 +33,8 @@ class TextView:
         self.header = header
         self._terms: dict[tuple[int, str], Terminal] = {}
         self._shown: dict[str, tuple[int, int]] = {}   # stream -> (rank, width) of the line shown in place
-        self._due: dict[str, int] = {}                   # stream -> rank whose pending line changed
+        self._due: dict[str, set] = {}                   # stream -> ranks whose pending line changed
+        self._rank_shown_at: dict[tuple[int, str], float] = {}
         self._shown_at: dict[str, float] = {}
         self._left = TEXT_LIMIT_CHARS
         self._skipped: dict[int, int] = {}               # rank -> lines not sent (over the limit)
@@ -54,18 +57,20 @@ class TextView:
             return
         term = self._terms.get((rank, stream))
         if term is None:
-            term = self._terms[(rank, stream)] = Terminal()
+            term = self._terms[(rank, stream)] = Terminal(limit=LINE_LIMIT)
         lines = term.feed(data)
         if lines:
             self._write(rank, stream, lines)
-        if term.pending:
-            self._due[stream] = rank
+        if term.has_pending:
+            self._due.setdefault(stream, set()).add(rank)
 
     def tick(self):
         now = time.monotonic()
-        for stream, rank in list(self._due.items()):
-            if now - self._shown_at.get(stream, 0.0) >= PENDING_INTERVAL_S:
-                del self._due[stream]
+        for stream, ranks in list(self._due.items()):
+            if ranks and now - self._shown_at.get(stream, 0.0) >= PENDING_INTERVAL_S:
+                # one line can be shown in place per stream: the rank shown longest ago goes next
+                rank = min(ranks, key=lambda r: self._rank_shown_at.get((r, stream), 0.0))
+                ranks.discard(rank)
                 self._show_pending(rank, stream, now)
 
     def _show_pending(self, rank, stream, now):
@@ -73,12 +78,14 @@ class TextView:
         line = term.pending if term is not None else ""
         if not line or self._left <= 0:
             return
+        if len(line) > terminal.MAX_LINE:   # a long line without newline: its start, not MBs a second
+            line = line[:terminal.MAX_LINE] + "\x1b[0m …"
         text = f"[rank{rank}]:{line}"   # a styled line ends with its own reset
         width = len(terminal.plain(text))
         self._erase(stream)
         self._stream(stream).write("\r" + text)
         self._shown[stream] = (rank, width)
-        self._shown_at[stream] = now
+        self._shown_at[stream] = self._rank_shown_at[(rank, stream)] = now
         self.pending_writes += 1
 
     def _erase(self, stream):
@@ -86,7 +93,7 @@ class TextView:
         shown = self._shown.pop(stream, None)
         if shown is not None:
             self._stream(stream).write("\r" + " " * shown[1] + "\r")
-            self._due.setdefault(stream, shown[0])   # shown again below the new lines, if still pending
+            self._due.setdefault(stream, set()).add(shown[0])   # shown again below the new lines, if still pending
 
     def _write(self, rank, stream, lines):
         if self._left <= 0:

@@ -98,7 +98,7 @@ class Collector:
         out = []
         for stream in ("stdout", "stderr"):
             term = self._terms.get((rank, stream))
-            if term is not None and term.pending:
+            if term is not None and term.has_pending:
                 out.append((stream, term.pending))
         return out
 
