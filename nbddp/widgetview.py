@@ -186,6 +186,11 @@ class WidgetView:
         rich = W.Output(layout=pane.shared["layout"])
         rich.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
         pane.append(rich, 0)
+        shown = [b for b in pane.blocks if b[1] == 0]
+        if len(shown) > transcript.MAX_DISPLAYS:   # bounded: the oldest rich output goes
+            pane.blocks.remove(shown[0])
+            shown[0][0].close()
+            pane._children()
 
     def note(self, text: str):
         self.c.note(text)
