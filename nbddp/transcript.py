@@ -111,7 +111,7 @@ class Collector:
         tail = self.tails.get(rank)
         if tail is None:
             return False
-        tail.displays.append(bundle)
+        tail.displays.append((tail.total, bundle))   # after this many lines: shown in that order
         tail.display_total += 1
         return True
 
@@ -364,10 +364,16 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
             out.append(f'<div style="color:#666"><i>{html.escape(_hidden_note(tail, len(lines), ""))}'
                        f' (full log: <code>{html.escape(log_path(result, rank))}</code>)'
                        f'</i></div>')
-        out.append(f'<pre style="{PRE_STYLE}">{lines_html(lines)}</pre>')
-        if include_displays:
-            for bundle in tail.displays:
-                out.append(f'<div class="nbddp-display">{_display_html(bundle)}</div>')
+        first = tail.total - len(lines)          # the number of the first line shown
+        at = 0
+        for after, bundle in (tail.displays if include_displays else ()):
+            cut = min(max(after - first, at), len(lines))   # rich output after line `after`, in order
+            if cut > at:
+                out.append(f'<pre style="{PRE_STYLE}">{lines_html(lines[at:cut])}</pre>')
+                at = cut
+            out.append(f'<div class="nbddp-display">{_display_html(bundle)}</div>')
+        if at < len(lines) or not lines:
+            out.append(f'<pre style="{PRE_STYLE}">{lines_html(lines[at:])}</pre>')
         out.append('</details>')
     out.append('</div>')
     return "\n".join(out)

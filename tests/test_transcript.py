@@ -116,3 +116,14 @@ def test_sixteen_ranks_one_failure_said_once():
     assert page.count(group) == 1 and page.count("<details open>") == 1
     error = str(DDPError(result))
     assert error.count("terminated") == 1 and group in error
+
+
+def test_rich_output_keeps_its_place_among_the_lines():
+    spec = make_spec(n=1)
+    c = _collector(spec, _result(1))
+    c.output(0, "stdout", b"before the plot\n")
+    c.display(0, {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"})
+    c.output(0, "stdout", b"after the plot\n")
+    c.launch_finished(c.result)
+    page = transcript.render_html(c)
+    assert page.index("before the plot") < page.index("<img") < page.index("after the plot")
