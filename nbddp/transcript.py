@@ -2,8 +2,9 @@
 text/html transcript (every rank's output and final status), which an executed notebook keeps
 and GitHub, nbviewer and papermill show without any widget.
 
-Pure: no IPython, no widgets, no processes. ``Collector`` is fed the launcher's events;
-``bundle`` renders what it holds.
+Pure: no IPython, no widgets, no processes. ``Collector`` is fed the launcher's events, each
+rank stream through a terminal model (nbddp/terminal.py: a progress bar is one line, colours
+are kept); ``bundle`` renders what it holds.
 """
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ import html
 import time
 from collections import deque
 
-from . import terminal
-from . import summary
+from . import summary, terminal
 from .result import FINAL_STATES, KILLED, OK, RUNNING, STARTING, signal_name
 from .terminal import Terminal
 
