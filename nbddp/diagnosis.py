@@ -133,8 +133,11 @@ _COLLECTIVE = re.compile(r"\(in (all_reduce|all_gather\w*|reduce\w*|broadcast\w*
                          r"monitored_barrier|init_process_group|rendezvous)\)")
 
 
+IDLE_WARNING = "warning: no output from any rank"   # how the views recognise the idle warning
+
+
 def idle_report(idle_s: float, result, live) -> str:
-    return (f"warning: no output from any rank for {idle_s:.0f} s and ranks still running; "
+    return (f"{IDLE_WARNING} for {idle_s:.0f} s and ranks still running; "
             f"a hung collective? {where_ranks_are(result, live)} "
             + (f"Hint: {split_ranks_hint(result)} " if split_ranks_hint(result) else "")
             + "(use --timeout SECONDS to stop such a cell automatically)")

@@ -130,10 +130,9 @@ class RunResult:
                 return (f"all {len(self.ranks)} ranks on this node (of {self.world_size} in the job) "
                         f"finished ok in {self.elapsed:.2f} s")
             return f"all {self.world_size} ranks finished ok in {self.elapsed:.2f} s"
-        lines = []
-        for r in self.ranks:
-            if r.state != OK:
-                lines.append(r.describe())
+        from .summary import state_lines   # ranks in the same state said once
+
+        lines = state_lines(self.ranks)
         oks = [str(r.rank) for r in self.ranks if r.ok]
         if oks:
             lines.append(f"rank{'s' if len(oks) > 1 else ''} {_ranges(oks)} finished ok")
@@ -148,15 +147,9 @@ class RunResult:
 
 
 def _ranges(ranks: list[str]) -> str:
-    nums = sorted(int(r) for r in ranks)
-    parts, start = [], None
-    for i, n in enumerate(nums):
-        if start is None:
-            start = n
-        if i + 1 == len(nums) or nums[i + 1] != n + 1:
-            parts.append(str(start) if start == n else f"{start}–{n}")
-            start = None
-    return ",".join(parts)
+    from .summary import ranges
+
+    return ranges(int(r) for r in ranks)
 
 
 class DDPError(RuntimeError):

@@ -2,70 +2,39 @@
 text/html transcript (every rank's output and final status), which an executed notebook keeps
 and GitHub, nbviewer and papermill show without any widget.
 
-Pure: no IPython, no widgets, no processes. ``Collector`` is fed the launcher's events;
-``bundle`` renders what it holds.
+Pure: no IPython, no widgets, no processes. ``Collector`` is fed the launcher's events, each
+rank stream through a terminal model (nbddp/terminal.py: a progress bar is one line, colours
+are kept); ``bundle`` renders what it holds.
 """
 from __future__ import annotations
 
-import codecs
 import html
 import time
 from collections import deque
 
-from .result import FINAL_STATES, OK, RUNNING, STARTING
+from . import summary, terminal
+from .result import FINAL_STATES, KILLED, OK, RUNNING, STARTING, signal_name
+from .terminal import Terminal
 
-MAX_LINE = 2000          # characters kept of one line (the rest is counted, not kept)
+MAX_LINE = terminal.MAX_LINE  # characters kept of one line (the rest is counted, not kept)
 TAIL_LINES = 500         # lines kept per rank (the full log is on disk)
 ALL_LINES = 1000         # lines kept in the interleaved "all ranks" view
 MAX_DISPLAYS = 20        # rich outputs kept per rank
 TRANSCRIPT_LINES = 200   # lines per rank in the saved transcript
+PROGRESS_CHARS = 48      # of a rank's progress line shown on its chip
+CHIP_LIMIT = 8           # more ranks than this: same-state ranks share a chip after a failure
+_CHIP_STYLE = "display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;font:12px monospace"
 
 # chip colours per state: (foreground, background)
 STATE_COLORS = {
     "starting": ("#555", "#eee"), "running": ("#0b5394", "#e3f0fc"), "ok": ("#1e6b2e", "#e2f5e6"),
     "failed": ("#a31515", "#fde7e7"), "timed out": ("#8a4b00", "#fff1dc"),
     "killed": ("#a31515", "#fde7e7"), "terminated": ("#666", "#f0f0f0"),
-    "interrupted": ("#8a4b00", "#fff1dc"),
+    "interrupted": ("#8a4b00", "#fff1dc"), "hung": ("#8a5a00", "#ffe8b0"),
 }
 STDERR_STYLE = "color:#a31515;background:#fff3f3"
-
-
-class Splitter:
-    """Bytes → lines, incrementally, with a bounded partial line: a rank that writes 50 MB
-    without a newline costs this much memory, not 50 MB (and never quadratic copying)."""
-
-    def __init__(self, limit: int = MAX_LINE):
-        self.limit = limit
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._partial = ""
-        self._dropped = 0
-
-    def _finish(self, text: str) -> str:
-        dropped = self._dropped + max(0, len(text) - self.limit)
-        self._dropped = 0
-        text = text[:self.limit]
-        return text + (f" … [{dropped} more characters]" if dropped else "")
-
-    def feed(self, data: bytes) -> list[str]:
-        text = self._decoder.decode(data)
-        if "\n" not in text:
-            room = self.limit - len(self._partial)
-            if room > 0:
-                self._partial += text[:room]
-            self._dropped += max(0, len(text) - max(room, 0))
-            return []
-        pieces = text.split("\n")
-        first = self._finish(self._partial + pieces[0])
-        rest = pieces[-1]
-        self._partial = rest[:self.limit]
-        self._dropped = max(0, len(rest) - self.limit)
-        return [first] + [self._finish(p) for p in pieces[1:-1]]
-
-    def flush(self) -> list[str]:
-        text = self._partial + self._decoder.decode(b"", final=True)
-        had = bool(text) or self._dropped
-        self._partial = ""
-        return [self._finish(text)] if had else []
+# a <pre> in nbconvert's HTML otherwise takes the page's proportional font
+PRE_STYLE = "margin:0;font-family:monospace,monospace;font-size:12px;white-space:pre-wrap"
 
 
 class Tail:
@@ -99,18 +68,21 @@ class Collector:
         self.tails: dict[int, Tail] = {r: Tail(tail_lines) for r in range(spec.world_size) if spec.shown(r)}
         self.all = Tail(all_lines)       # entries: (stream, (rank, text))
         self.notes: list[str] = []
-        self._splitters: dict[tuple[int, str], Splitter] = {}
+        self._terms: dict[tuple[int, str], Terminal] = {}
         self.finished = False
 
     def launch_started(self, result, spec, backend):
         self.result, self.backend = result, backend
 
     def output(self, rank: int, stream: str, data: bytes) -> list[str]:
-        """Returns the complete lines this chunk finished (empty for a hidden rank)."""
+        """Returns the complete lines this chunk finished (empty for a hidden rank); the line
+        still being written is ``pending(rank)``."""
         if rank not in self.tails:
             return []
-        splitter = self._splitters.setdefault((rank, stream), Splitter())
-        lines = splitter.feed(data)
+        term = self._terms.get((rank, stream))
+        if term is None:
+            term = self._terms[(rank, stream)] = Terminal()
+        lines = term.feed(data)
         if lines:
             self._add(rank, stream, lines)
         return lines
@@ -121,11 +93,25 @@ class Collector:
         keep = lines[-self.all.lines.maxlen:]
         self.all.lines.extend((stream, (rank, line)) for line in keep)
 
+    def pending(self, rank: int) -> list[tuple[str, str]]:
+        """(stream, line) for each of the rank's streams with a line not ended yet (a progress bar)."""
+        out = []
+        for stream in ("stdout", "stderr"):
+            term = self._terms.get((rank, stream))
+            if term is not None and term.has_pending:
+                out.append((stream, term.pending))
+        return out
+
+    def progress(self, rank: int) -> str:
+        """The rank's latest progress line (last rewritten by \\r), plain text, '' if none."""
+        found = [t.progress for s in ("stderr", "stdout") if (t := self._terms.get((rank, s))) is not None]
+        return next((p for p in found if p), "")
+
     def display(self, rank: int, bundle: dict) -> bool:
         tail = self.tails.get(rank)
         if tail is None:
             return False
-        tail.displays.append(bundle)
+        tail.displays.append((tail.total, bundle))   # after this many lines: shown in that order
         tail.display_total += 1
         return True
 
@@ -134,16 +120,16 @@ class Collector:
 
     def rank_exited(self, rank_result):
         for stream in ("stdout", "stderr"):
-            splitter = self._splitters.pop((rank_result.rank, stream), None)
-            if splitter is not None:
-                rest = splitter.flush()
+            term = self._terms.get((rank_result.rank, stream))
+            if term is not None:
+                rest = term.flush()
                 if rest:
                     self._add(rank_result.rank, stream, rest)
 
     def launch_finished(self, result):
         self.result = result
-        for rank, stream in list(self._splitters):
-            rest = self._splitters.pop((rank, stream)).flush()
+        for (rank, stream), term in self._terms.items():
+            rest = term.flush()
             if rest:
                 self._add(rank, stream, rest)
         self.finished = True
@@ -163,12 +149,18 @@ def status_words(rank_result, now: float | None = None) -> str:
     elapsed = elapsed_of(rank_result, now)
     if elapsed is not None:
         parts.append(f"{elapsed:.1f} s")
-    if rank_result.exitcode is not None:
-        parts.append(f"exit {rank_result.exitcode}")
+    code = rank_result.exitcode
+    if code is not None and code >= 0:
+        parts.append(f"exit {code}")
+    elif code is not None and rank_result.state == KILLED:   # a signal by its name, not "exit -9"
+        parts.append(f"({signal_name(-code)})")
+    elif code is not None:   # "terminated 1.2 s, stopped (SIGTERM)", not "exit -15"
+        parts[-1] += "," if len(parts) > 1 else ""
+        parts.append(f"stopped ({signal_name(-code)})")
     return " ".join(parts)
 
 
-def launch_line(result, spec, backend: str, times: str = "x") -> str:
+def launch_line(result, spec, backend: str, times: str = "×") -> str:
     """The launch's shape, backend and meeting point: the first thing both views show."""
     n = result.world_size
     shape = f"{spec.nnodes} node{'s' if spec.nnodes > 1 else ''} {times} {spec.nproc_per_node}"
@@ -219,6 +211,24 @@ def _local_tails(collector: Collector):
             if result.rank(rank) is not None or tail.total or tail.display_total]
 
 
+def _silent(collector: Collector) -> list:
+    """Many ranks and a failure: the ranks that wrote nothing get no section of their own."""
+    if not _folded(collector.result):
+        return []
+    return [rank for rank, tail in _local_tails(collector) if not tail.total and not tail.display_total]
+
+
+def _silent_lines(collector: Collector) -> list[str]:
+    silent = set(_silent(collector))
+    groups = summary.groups([r for r in collector.result.ranks if r.rank in silent])
+    return [f"{summary.label(ranks)}: {state}, no output" for ranks, state, _ in groups]
+
+
+def _sections(collector: Collector):
+    silent = set(_silent(collector))
+    return [(rank, tail) for rank, tail in _local_tails(collector) if rank not in silent]
+
+
 def _span(ranks: list[int]) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1 \
         else ",".join(map(str, ranks))
@@ -227,38 +237,72 @@ def _span(ranks: list[int]) -> str:
 def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) -> str:
     result = collector.result
     out = [headline(result, collector.finished), f"logs: {result.log_dir}"]
-    for r in result.ranks:
-        line = f"  rank {r.rank}: {status_words(r)}"
-        if r.cause:
-            line += f" — {r.cause}"
-        out.append(line)
+    if _folded(result):
+        out += ["  " + line for line in summary.state_lines(result.ranks, include_ok=True)]
+    else:
+        for r in result.ranks:
+            line = f"  rank {r.rank}: {status_words(r)}"
+            if r.cause:
+                line += f" — {r.cause}"
+            out.append(line)
     for note in collector.notes:
         out.append(f"note: {note}")
     if result.remote:
         out.append(f"  ranks {_span(result.remote)}: on other nodes (their output is shown there)")
-    for rank, tail in _local_tails(collector):
+    out += _silent_lines(collector)
+    for rank, tail in _sections(collector):
         lines = list(tail.lines)[-lines_per_rank:]
         out.append(f"--- rank {rank} ({tail.total} line{'s' if tail.total != 1 else ''}) ---")
         if tail.total > len(lines):
             out.append(_hidden_note(tail, len(lines), f" (full log: {log_path(result, rank)})"))
         for stream, text in lines:
-            out.append(("stderr| " if stream == "stderr" else "") + text)
+            out.append(("stderr| " if stream == "stderr" else "") + terminal.plain(text))
         if tail.display_total:
             out.append(f"[{tail.display_total} rich output{'s' if tail.display_total != 1 else ''}]")
     return "\n".join(out) + "\n"
 
 
-def chip_html(rank_result, now: float | None = None) -> str:
-    fg, bg = STATE_COLORS.get(rank_result.state, ("#333", "#eee"))
+def _folded(result) -> bool:
+    """Many ranks and a failure: same-state ranks are said once (chips, status lines)."""
+    return len(result.ranks) > CHIP_LIMIT and any(r.state in summary.CAUSING for r in result.ranks)
+
+
+def chip_html(rank_result, now: float | None = None, progress: str = "", hung: bool = False) -> str:
+    """One rank's status chip; ``progress`` (its latest progress-bar line) shown small inside;
+    ``hung``: amber, with where the rank waits (while the idle warning holds)."""
+    fg, bg = STATE_COLORS["hung"] if hung else STATE_COLORS.get(rank_result.state, ("#333", "#eee"))
+    extra = ""
+    if hung and rank_result.blocked_at:
+        progress = f"waiting at {rank_result.blocked_at}"
+    if progress:
+        short = progress.strip()
+        short = short if len(short) <= PROGRESS_CHARS else short[:PROGRESS_CHARS - 1] + "…"
+        extra = f' <span class="nbddp-progress" style="opacity:.8">{html.escape(short)}</span>'
     title = html.escape(rank_result.cause or rank_result.state, quote=True)
-    return (f'<span class="nbddp-chip nbddp-{rank_result.state.replace(" ", "-")}" title="{title}" '
-            f'style="display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;'
-            f'font:12px monospace;color:{fg};background:{bg};border:1px solid {fg}33">'
-            f'rank {rank_result.rank}: {html.escape(status_words(rank_result, now))}</span>')
+    state_class = "hung" if hung else rank_result.state.replace(" ", "-")
+    return (f'<span class="nbddp-chip nbddp-{state_class}" title="{title}" '
+            f'style="{_CHIP_STYLE};color:{fg};background:{bg};border:1px solid {fg}33">'
+            f'rank {rank_result.rank}: {html.escape(status_words(rank_result, now))}{extra}</span>')
 
 
-def chips_html(result, now: float | None = None) -> str:
-    return "".join(chip_html(r, now) for r in result.ranks)
+def chips_html(result, now: float | None = None, progress=None, hung=()) -> str:
+    """``progress``: rank → its progress line (a Collector's ``progress``), or None; ``hung``:
+    the ranks the idle warning found waiting. Above CHIP_LIMIT ranks, once some rank failed,
+    the ranks in the same final state share one chip."""
+    if not _folded(result):
+        return "".join(chip_html(r, now, progress(r.rank) if progress else "", r.rank in hung)
+                       for r in result.ranks)
+    out = []
+    for ranks, state, cause in sorted(summary.groups(result.ranks), key=lambda g: g[1] not in summary.CAUSING):
+        if len(ranks) == 1:
+            out.append(chip_html(result.rank(ranks[0]), now, progress(ranks[0]) if progress else ""))
+            continue
+        fg, bg = STATE_COLORS.get(state, ("#333", "#eee"))
+        out.append(f'<span class="nbddp-chip nbddp-group nbddp-{state.replace(" ", "-")}" '
+                   f'title="{html.escape(cause or state, quote=True)}" style="{_CHIP_STYLE};color:{fg};'
+                   f'background:{bg};border:1px solid {fg}33">{html.escape(summary.label(ranks))}: '
+                   f'{html.escape(state + (f" ({cause})" if cause else ""))}</span>')
+    return "".join(out)
 
 
 def lines_html(entries, with_rank: bool = False) -> str:
@@ -267,10 +311,13 @@ def lines_html(entries, with_rank: bool = False) -> str:
     for stream, item in entries:
         if with_rank:
             rank, text = item
-            text = f"[rank{rank}]: {text}"
+            if isinstance(rank, str):   # nbddp's own notes in the interleaved view
+                parts.append(f'<span class="nbddp-stderr" style="{STDERR_STYLE}">[{html.escape(rank)}]: '
+                             f'{html.escape(text)}</span>')
+                continue
+            text = f"[rank{rank}]: " + terminal.to_html(text)
         else:
-            text = item
-        text = html.escape(text)
+            text = terminal.to_html(item)
         if stream == "stderr":
             parts.append(f'<span class="nbddp-stderr" style="{STDERR_STYLE}">{text}</span>')
         else:
@@ -297,27 +344,38 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
     out = ['<div class="nbddp-transcript">',
            f'<div><b>{html.escape(headline(result, collector.finished))}</b> '
            f'<span style="color:#666">logs: <code>{html.escape(result.log_dir)}</code></span></div>',
-           f'<div>{chips_html(result)}</div>']
-    for r in result.ranks:
-        if r.cause:
-            out.append(f'<div style="color:#a31515">rank {r.rank}: {html.escape(r.cause)}</div>')
+           f'<div>{chips_html(result, progress=collector.progress)}</div>']
+    folded = _folded(result)   # then the chips already say the other groups
+    for ranks, state, cause in summary.groups(result.ranks):
+        if cause and (not folded or state in summary.CAUSING):
+            out.append(f'<div style="color:#a31515">{html.escape(summary.label(ranks))}: {html.escape(cause)}</div>')
     for note in collector.notes:
-        out.append(f'<pre style="color:#8a4b00">{html.escape(note)}</pre>')
+        out.append(f'<pre style="{PRE_STYLE};color:#8a4b00">{html.escape(note)}</pre>')
     if result.remote:
         out.append(f'<div style="color:#666">ranks {_span(result.remote)}: on other nodes '
                    f'(their output is shown there)</div>')
-    for rank, tail in _local_tails(collector):
+    failed = {r.rank for r in result.ranks if r.state in summary.CAUSING}
+    for line in _silent_lines(collector):
+        out.append(f'<div style="color:#666">{html.escape(line)}</div>')
+    for rank, tail in _sections(collector):
         lines = list(tail.lines)[-lines_per_rank:]
-        out.append(f'<details{" open" if expanded else ""}><summary>rank {rank} — {html.escape(status_words(result.rank(rank)))}'
+        is_open = expanded and (not failed or rank in failed)   # a failure: its ranks open, the rest folded
+        out.append(f'<details{" open" if is_open else ""}><summary>rank {rank} — {html.escape(status_words(result.rank(rank)))}'
                    f' ({tail.total} line{"s" if tail.total != 1 else ""})</summary>')
         if tail.total > len(lines):
             out.append(f'<div style="color:#666"><i>{html.escape(_hidden_note(tail, len(lines), ""))}'
                        f' (full log: <code>{html.escape(log_path(result, rank))}</code>)'
                        f'</i></div>')
-        out.append(f'<pre style="margin:0">{lines_html(lines)}</pre>')
-        if include_displays:
-            for bundle in tail.displays:
-                out.append(f'<div class="nbddp-display">{_display_html(bundle)}</div>')
+        first = tail.total - len(lines)          # the number of the first line shown
+        at = 0
+        for after, bundle in (tail.displays if include_displays else ()):
+            cut = min(max(after - first, at), len(lines))   # rich output after line `after`, in order
+            if cut > at:
+                out.append(f'<pre style="{PRE_STYLE}">{lines_html(lines[at:cut])}</pre>')
+                at = cut
+            out.append(f'<div class="nbddp-display">{_display_html(bundle)}</div>')
+        if at < len(lines) or not lines:
+            out.append(f'<pre style="{PRE_STYLE}">{lines_html(lines[at:])}</pre>')
         out.append('</details>')
     out.append('</div>')
     return "\n".join(out)
@@ -329,5 +387,5 @@ def bundle(collector: Collector, include_displays: bool = True, expanded: bool =
             "text/html": render_html(collector, include_displays=include_displays, expanded=expanded)}
 
 
-__all__ = ["Splitter", "Tail", "Collector", "bundle", "render_text", "render_html", "chips_html",
+__all__ = ["Tail", "Collector", "bundle", "render_text", "render_html", "chips_html",
            "status_words", "headline", "FINAL_STATES", "RUNNING", "STARTING"]

@@ -31,8 +31,10 @@ def run_raw(kernel, code, metadata=None, timeout=240):
         if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
             break
         messages.append(m)
-    reply = kc.get_shell_msg(timeout=30)
-    return messages, reply["content"]
+    while True:   # skip stale replies (a kernel_info reply from wait_for_ready, say)
+        reply = kc.get_shell_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return messages, reply["content"]
 
 
 def of_type(messages, *kinds):
@@ -48,6 +50,11 @@ def final_bundle(messages):
     shown = of_type(messages, "display_data", "update_display_data")
     assert shown, [m["msg_type"] for m in messages]
     return shown[-1]["content"]["data"]
+
+
+def widget_msgs(messages):
+    """What went to the widget front end: new widgets (a pane's blocks) and state updates."""
+    return of_type(messages, "comm_open", "comm_msg")
 
 
 def comm_models(messages):
@@ -72,7 +79,8 @@ def test_widgets_view_and_transcript(kernel):
     update = of_type(messages, "update_display_data")[-1]
     assert update["content"]["transient"]["display_id"] == display_id
     data = update["content"]["data"]
-    root = data[WIDGET_MIME]["model_id"]
+    root = first["content"]["data"][WIDGET_MIME]["model_id"]
+    assert WIDGET_MIME not in data   # the durable output is the transcript alone
     models = comm_models(messages)
     assert models[root] == "VBoxModel" and "TabModel" in models.values() and "DropdownModel" not in models.values()
     # the tab titles name each rank and the interleaved view
@@ -84,7 +92,7 @@ def test_widgets_view_and_transcript(kernel):
         titles = updates[-1]["titles"]
     assert list(titles) == ["rank 0", "rank 1", "all ranks"]
     # live pane contents went out as widget state updates: stderr highlighted, all-ranks prefixed
-    values = " ".join(str(m["content"]["data"].get("state", {}).get("value", "")) for m in of_type(messages, "comm_msg"))
+    values = " ".join(str(m["content"]["data"].get("state", {}).get("value", "")) for m in widget_msgs(messages))
     assert "hello from 0" in values and "hello from 1" in values
     assert 'class="nbddp-stderr"' in values and "[rank1]: hello from 1" in values
     assert "rank 0: ok" in values and "rank 1: ok" in values and "exit 0" in values
@@ -102,7 +110,8 @@ def test_auto_is_text_for_plain_clients_and_widgets_for_jupyterlab(kernel):
     data = final_bundle(messages)
     assert WIDGET_MIME not in data and "hello from 1" in data["text/html"] and "rank 1: ok" in data["text/plain"]
     messages, _ = run_raw(kernel, TWO_RANKS.format(opts=""), metadata=LAB_METADATA)
-    assert WIDGET_MIME in final_bundle(messages) and "[rank0]:" not in stdout_of(messages)
+    assert WIDGET_MIME in of_type(messages, "display_data")[0]["content"]["data"]
+    assert "[rank0]:" not in stdout_of(messages)
     messages, _ = run_raw(kernel, TWO_RANKS.format(opts="--output text"), metadata=LAB_METADATA)
     assert "[rank0]:hello from 0\n" in stdout_of(messages) and not of_type(messages, "comm_open")
 
@@ -161,9 +170,9 @@ def test_rich_output_lands_in_the_ranks_pane(kernel):
         state = m["content"]["data"].get("state", {})
         if "outputs" in state:
             last_by_comm[m["content"]["comm_id"]] = state["outputs"]
-    assert outputs_states and len(last_by_comm) == 2   # one Output widget per rank received its displays
-    for outputs in last_by_comm.values():
-        assert len(outputs) == 3 and any("image/png" in o["data"] for o in outputs)
+    # each display is an Output block of its own in the rank's pane, in order with its lines
+    assert outputs_states and len(last_by_comm) == 6 and all(len(o) == 1 for o in last_by_comm.values())
+    assert sum("image/png" in o[0]["data"] for o in last_by_comm.values()) == 2
     data = final_bundle(messages)
     assert data["text/html"].count("data:image/png;base64,") == 2 and "bold 1" in data["text/html"]
 
@@ -184,8 +193,8 @@ else:
     messages, reply = run_raw(kernel, cell)
     elapsed = time.monotonic() - t
     assert reply["status"] == "ok"
-    comm_bytes = sum(len(json.dumps(m["content"])) for m in of_type(messages, "comm_msg"))
-    n_comm = len(of_type(messages, "comm_msg"))
+    comm_bytes = sum(len(json.dumps(m["content"])) for m in widget_msgs(messages))
+    n_comm = len(widget_msgs(messages))
     print(f"flood: {elapsed:.1f} s, {n_comm} widget updates, {comm_bytes / 1e6:.1f} MB to the front end")
     assert elapsed < 120
     # the front end got a bounded tail, not 60 MB: updates are batched and each is a bounded tail
@@ -193,7 +202,7 @@ else:
     data = final_bundle(messages)
     assert "flood line 199999" in data["text/plain"]
     assert "199800 earlier lines hidden" in data["text/plain"] and "49800 earlier lines hidden" in data["text/plain"]
-    values = [m["content"]["data"]["state"]["value"] for m in of_type(messages, "comm_msg")
+    values = [m["content"]["data"]["state"]["value"] for m in widget_msgs(messages)
               if "earlier" in str(m["content"]["data"].get("state", {}).get("value", ""))]
     assert any("earlier lines hidden; full log:" in v and "rank0.stdout" in v for v in values)
     assert len(json.dumps(data)) < 3e6
@@ -249,9 +258,33 @@ while time.time() < end:
     messages, reply = run_raw(kernel, cell)
     elapsed = time.monotonic() - t
     assert reply["status"] == "ok"
-    sent = sum(len(json.dumps(m["content"])) for m in of_type(messages, "comm_msg"))
+    sent = sum(len(json.dumps(m["content"])) for m in widget_msgs(messages))
     print(f"steady long-line flood: {elapsed:.1f} s, {sent / 1e6:.1f} MB to the front end")
     assert sent / elapsed < 2.5e6, (sent, elapsed)
     # still live: several updates of rank 0's pane went out while it ran
-    values = [m for m in of_type(messages, "comm_msg") if "zzzz" in str(m["content"]["data"].get("state", {}).get("value", ""))]
+    values = [m for m in widget_msgs(messages) if "zzzz" in str(m["content"]["data"].get("state", {}).get("value", ""))]
     assert len(values) >= 4
+
+
+def test_hang_shows_a_banner_and_amber_chips_until_output_resumes(kernel):
+    cell = """%%ddp -n 2 --output widgets --idle-warning 1.5
+import os, time
+if os.environ["RANK"] == "0":
+    time.sleep(4.5)        # silent, as a rank waiting in a collective is
+else:
+    time.sleep(3.5)
+    print("rank 1 is back", flush=True)
+time.sleep(1.5)
+"""
+    messages, reply = run_raw(kernel, cell)
+    assert reply["status"] == "ok", reply
+    headers = [str(m["content"]["data"]["state"]["value"]) for m in of_type(messages, "comm_msg")
+               if "nbddp-chip" in str(m["content"]["data"].get("state", {}).get("value", ""))]
+    hung = [i for i, h in enumerate(headers) if 'class="nbddp-hang"' in h]
+    assert hung, headers[-1]
+    banner = headers[hung[0]]
+    assert "rank 0 blocked at " in banner and "rank 1 blocked at " in banner, banner
+    assert banner.count("nbddp-chip nbddp-hung") == 2
+    # rank 1 wrote again: the banner went and the chips are back to their state
+    assert hung[-1] < len(headers) - 1 and 'class="nbddp-hang"' not in headers[-1]
+    assert "nbddp-hung" not in headers[-1]

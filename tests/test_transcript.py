@@ -23,19 +23,6 @@ def _collector(spec, result):
     return c
 
 
-def test_splitter_keeps_utf8_whole_across_chunks_and_bounds_long_lines():
-    s = transcript.Splitter(limit=10)
-    data = "é\n".encode()
-    assert s.feed(data[:1]) == [] and s.feed(data[1:]) == ["é"]
-    # a 1 MB line arriving in pieces keeps only `limit` characters and says how many it dropped
-    for _ in range(16):
-        assert s.feed(b"x" * 65536) == []
-    assert len(s._partial) <= 10
-    (line,) = s.feed(b"\n")
-    assert line.startswith("x" * 10) and f"[{16 * 65536 - 10} more characters]" in line
-    assert s.feed(b"tail") == [] and s.flush() == ["tail"] and s.flush() == []
-
-
 def test_tail_is_bounded_and_counts_hidden_lines():
     t = transcript.Tail(size=5)
     t.add("stdout", [str(i) for i in range(3)])
@@ -106,3 +93,37 @@ def test_displays_rendered_in_html():
     assert '<img src="data:image/png;base64,iVBORw0KGgo="/>' in page and "<table><tr><td>1</td></tr></table>" in page
     assert "[2 rich outputs]" in transcript.render_text(c)
     assert "<img" not in transcript.render_html(c, include_displays=False)
+
+
+def test_sixteen_ranks_one_failure_said_once():
+    from nbddp.result import TERMINATED, DDPError
+    spec = make_spec(n=16)
+    result = _result(16, {r: TERMINATED for r in range(16) if r != 11} | {11: FAILED})
+    for r in result.ranks:
+        if r.state == TERMINATED:
+            r.exitcode, r.cause = -15, "stopped by nbddp after rank 11 failed"
+    result.ranks[11].cause = "ValueError: broke"
+    c = _collector(spec, result)
+    c.output(11, "stderr", b"ValueError: broke\n")
+    c.launch_finished(result)
+    text, page = transcript.render_text(c), transcript.render_html(c)
+    group = "ranks 0–10,12–15: terminated (stopped by nbddp after rank 11 failed)"
+    assert text.count(group) == 1 and "rank 11: failed (ValueError: broke)" in text
+    assert "exit -15" not in text + page and "stopped (SIGTERM)" in transcript.status_words(result.ranks[0])
+    assert "--- rank 0 " not in text and "ranks 0–10,12–15: terminated, no output" in text
+    chips = re.findall(r'class="nbddp-chip[^"]*"', page)
+    assert chips == ['class="nbddp-chip nbddp-failed"', 'class="nbddp-chip nbddp-group nbddp-terminated"']
+    assert page.count(group) == 1 and page.count("<details open>") == 1
+    error = str(DDPError(result))
+    assert error.count("terminated") == 1 and group in error
+
+
+def test_rich_output_keeps_its_place_among_the_lines():
+    spec = make_spec(n=1)
+    c = _collector(spec, _result(1))
+    c.output(0, "stdout", b"before the plot\n")
+    c.display(0, {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"})
+    c.output(0, "stdout", b"after the plot\n")
+    c.launch_finished(c.result)
+    page = transcript.render_html(c)
+    assert page.index("before the plot") < page.index("<img") < page.index("after the plot")

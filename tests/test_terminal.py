@@ -1,0 +1,189 @@
+"""The per-stream terminal model (pure): \\r rewrites the line, \\n ends it, ANSI SGR becomes
+styling, other escapes are dropped, long lines stay bounded and linear; and what the views
+render from it. The kernel tests at the end drive real ranks."""
+import os
+import time
+
+from nbddp import terminal
+from nbddp.terminal import Terminal
+
+
+def test_utf8_stays_whole_across_chunks_and_long_lines_are_bounded():
+    t = Terminal(limit=10)
+    data = "é\n".encode()
+    assert t.feed(data[:1]) == [] and t.feed(data[1:]) == ["é"]
+    for _ in range(16):   # a 1 MB line in pieces keeps `limit` characters and counts the rest
+        assert t.feed(b"x" * 65536) == []
+    assert len(t._plain) <= 10
+    (line,) = t.feed(b"\n")
+    assert line.startswith("x" * 10) and f"[{16 * 65536 - 10} more characters]" in line
+    assert t.feed(b"tail") == [] and t.pending == "tail" and t.flush() == ["tail"] and t.flush() == []
+
+
+def test_carriage_return_rewrites_the_line_like_a_terminal():
+    t = Terminal()
+    assert t.feed(b"abc\rX\n") == ["Xbc"]          # overwrite, not replace (as a terminal does)
+    for i in range(0, 101, 10):
+        assert t.feed(f"\r{i:3d}%|{'#' * (i // 10):10s}|".encode()) == []
+        assert t.pending == f"{i:3d}%|{'#' * (i // 10):10s}|"
+    assert t.progress == "100%|##########|"
+    assert t.feed(b"\n") == ["100%|##########|"] and t.pending == ""
+    assert t.progress == "100%|##########|"          # the last progress line is remembered
+    assert t.feed(b"done\n") == ["done"] and t.progress == "100%|##########|"
+    # \r\n is an ordinary line end; \b steps back
+    assert t.feed(b"one\r\ntwo\n") == ["one", "two"]
+    assert t.feed(b"abc\x08\x08X\n") == ["aXc"]
+
+
+def test_sgr_becomes_styled_spans_and_other_escapes_are_dropped():
+    t = Terminal()
+    (line,) = t.feed(b"\x1b[32mOK\x1b[0m done\n")
+    assert terminal.plain(line) == "OK done"
+    assert terminal.to_html(line) == '<span style="color:#0dbc79">OK</span> done'
+    # an escape split across reads, bold + colour carried over a newline, cursor moves dropped
+    assert t.feed(b"\x1b[1;3") == [] and t.feed(b"1mred\nstill\x1b[0m \x1b[2Aplain\x1b]0;title\x07\n") \
+        == ["\x1b[0;1;31mred\x1b[0m", "\x1b[0;1;31mstill\x1b[0m plain"]
+    assert terminal.to_html("\x1b[0;1;31mred <b>\x1b[0m") == \
+        '<span style="color:#cd3131;font-weight:bold">red &lt;b&gt;</span>'
+    # erase-in-line (rich, pip): the line is cleared, not appended to
+    assert t.feed(b"old text\r\x1b[2Knew\n") == ["new"]
+    assert t.feed(b"abcdef\r\x1b[3C\x1b[K\n") == [""]   # cursor moves are dropped; K erases to the end
+    assert terminal.to_html("\x1b[0;38;5;196mx\x1b[0m") == '<span style="color:#ff0000">x</span>'
+
+
+def test_long_line_costs_linear_time_and_bounded_memory():
+    chunk, short = b"x" * 65536, (b"y" * 1023 + b"\n") * 64
+    timings = []
+    for data in (chunk, short):
+        t = Terminal()
+        start = time.perf_counter()
+        for _ in range(400):            # 26 MB
+            t.feed(data)
+        t.flush()
+        timings.append(time.perf_counter() - start)
+        assert len(t._plain) <= terminal.MAX_LINE
+    single, lines = timings
+    assert single < 2 * lines + 0.05, timings
+    # a progress bar rewritten 100,000 times is still one line
+    t = Terminal()
+    for i in range(100_000):
+        t.feed(b"\r%d" % i)
+    assert t.flush() == ["99999"]
+
+
+# ------------------------------------------------------------------ in a real kernel
+from test_display import WIDGET_MIME, final_bundle, of_type, run_raw  # noqa: E402
+
+TQDM = """%%ddp -n 2 --output {mode}
+import os, sys, time
+from tqdm import tqdm
+for i in tqdm(range(40), mininterval=0, ascii=True):
+    time.sleep(0.05)
+print("\\033[32mOK\\033[0m from", os.environ["RANK"])
+sys.stdout.flush(); time.sleep(0.5)
+print("rank done")
+"""
+
+
+def _arrival(messages, needle):
+    """Index of the first output message (not the cell's source) whose content contains ``needle``."""
+    return next(i for i, m in enumerate(messages) if m["msg_type"] != "execute_input" and needle in str(m["content"]))
+
+
+def _screen(text: str) -> list[str]:
+    """What a terminal (or Jupyter) shows for a stream's text: \\r rewritten lines folded."""
+    t = Terminal()
+    return [terminal.plain(line) for line in t.feed(text.encode()) + t.flush()]
+
+
+def test_text_mode_progress_bar_updates_live_and_ends_as_one_line(kernel):
+    messages, reply = run_raw(kernel, TQDM.format(mode="text"))
+    assert reply["status"] == "ok", reply
+    streams = of_type(messages, "stream")
+    err = "".join(m["content"]["text"] for m in streams if m["content"]["name"] == "stderr")
+    out = "".join(m["content"]["text"] for m in streams if m["content"]["name"] == "stdout")
+    # live: rewrites of the bar arrived as stream messages before the rank's last line
+    live = [i for i, m in enumerate(messages) if m["msg_type"] == "stream"
+            and "\r[rank0]:" in m["content"]["text"] and "/40" in m["content"]["text"]]
+    assert live and live[0] < _arrival(messages, "[rank0]:rank done"), err[:500]
+    # ... a few times a second, not once per refresh
+    assert 2 <= err.count("\r[rank0]:") <= 25, err.count("\r[rank0]:")
+    shown = _screen(err)
+    bars = [line for line in shown if line.startswith("[rank0]:") and "/40" in line]
+    assert len(bars) == 1 and "100%" in bars[0] and "40/40" in bars[0], shown
+    # colours pass through to Jupyter (which renders ANSI), reset at the end of the line
+    assert "[rank0]:\x1b[0;32mOK\x1b[0m from 0\n" in out
+    # the static transcript: one line per bar, at 100 %, and the colour as a span
+    data = final_bundle(messages)
+    lines = [line for line in data["text/plain"].splitlines() if "/40" in line]
+    assert len(lines) == 2 and all("100%" in line for line in lines), lines
+    assert '<span style="color:#0dbc79">OK</span> from 1' in data["text/html"]
+
+
+def test_widgets_show_the_pending_line_live_and_leave_the_static_transcript(kernel):
+    messages, reply = run_raw(kernel, TQDM.format(mode="widgets"))
+    assert reply["status"] == "ok", reply
+    values = [(i, str(m["content"]["data"].get("state", {}).get("value", "")))
+              for i, m in enumerate(messages) if m["msg_type"] in ("comm_open", "comm_msg")]
+    # the bar (no newline yet) was in the pane while the rank ran, and on its chip
+    live = [i for i, v in values if "/40" in v and "100%" not in v and "nbddp-chip" not in v]
+    assert live and live[0] < _arrival(messages, "rank done")
+    assert any('class="nbddp-progress"' in v and "/40" in v for _, v in values)
+    assert any('<span style="color:#0dbc79">OK</span> from 0' in v for _, v in values)
+    # the durable output: same display_id, now the transcript only, and every widget closed
+    first = of_type(messages, "display_data")[0]["content"]
+    update = of_type(messages, "update_display_data")[-1]["content"]
+    assert update["transient"]["display_id"] == first["transient"]["display_id"]
+    assert WIDGET_MIME in first["data"] and WIDGET_MIME not in update["data"]
+    assert "nbddp-chip nbddp-ok" in update["data"]["text/html"] and "rank 1: ok" in update["data"]["text/plain"]
+    bars = [line for line in update["data"]["text/plain"].splitlines() if "/40" in line]
+    assert len(bars) == 2 and all("100%" in b for b in bars), bars
+    opened = {m["content"]["comm_id"] for m in of_type(messages, "comm_open")}
+    closed = {m["content"]["comm_id"] for m in of_type(messages, "comm_close")}
+    assert opened and opened <= closed, f"{len(opened - closed)} of {len(opened)} widgets left open"
+
+
+CELLS = int(os.environ.get("NBDDP_LEAK_CELLS", "100"))   # 200 measured: comms 0 -> 0, RSS +4.2 MB
+
+
+def test_widget_cells_leave_no_comms_and_little_memory(kernel):
+    probe = ("import comm, psutil, os, gc; gc.collect(); "
+             "print(len(comm.get_comm_manager().comms), psutil.Process(os.getpid()).memory_info().rss)")
+    cell = "%%ddp -n 2 --output widgets\nimport os; print('hello', os.environ['RANK'])\n"
+    kernel.ok(cell)
+    comms0, rss0 = map(int, kernel.ok(probe).stdout.split())
+    for _ in range(CELLS):
+        kernel.ok(cell)
+    comms, rss = map(int, kernel.ok(probe).stdout.split())
+    print(f"{CELLS} widget cells: comms {comms0} -> {comms}, kernel RSS +{(rss - rss0) / 1e6:.1f} MB")
+    assert comms <= comms0 and rss - rss0 < 10e6
+
+
+def test_text_mode_long_line_is_linear_and_output_bounded(kernel):
+    single = """%%ddp -n 1 --output text
+import sys
+chunk = "x" * 65536
+for _ in range(800):   # 52 MB, one line
+    sys.stdout.write(chunk)
+sys.stdout.write("\\n"); sys.stdout.flush()
+"""
+    short = """%%ddp -n 1 --output text
+import sys
+chunk = ("y" * 1023 + "\\n") * 64
+for _ in range(800):   # 52 MB in 51,200 lines
+    sys.stdout.write(chunk)
+sys.stdout.flush()
+"""
+    timings, sent = {}, {}
+    for name, cell in (("single", single), ("short", short)):
+        start = time.monotonic()
+        messages, reply = run_raw(kernel, cell)
+        timings[name] = time.monotonic() - start
+        assert reply["status"] == "ok"
+        sent[name] = sum(len(m["content"]["text"]) for m in of_type(messages, "stream"))
+    print(f"text mode, 52 MB: one line {timings['single']:.2f} s, short lines {timings['short']:.2f} s; "
+          f"sent {sent['single'] / 1e6:.2f} / {sent['short'] / 1e6:.2f} MB")
+    assert timings["single"] <= 2 * timings["short"], timings
+    assert sent["single"] < 2.1e6 and sent["short"] < 6e6, sent   # a line: 2 MB at most
+    r = kernel.ok("print(len(_ddp.ranks[0].stdout))")   # every byte is in the log
+    assert r.stdout.strip() == str(52_428_800)
