@@ -2,8 +2,9 @@
 TCPStore itself (ranks see TORCHELASTIC_USE_AGENT_STORE=True), so a free port is bound with no
 race and a port already in use is reported before any rank starts.
 
-The store listens on an IPv4 socket nbddp binds itself (where the master address has an IPv4
-address), not on torch's dual-stack ``::`` socket: torch names every accepted peer with
+Where ranks reach the master address over IPv4 (it has no IPv6 address, as ``localhost`` where
+/etc/hosts lists only 127.0.0.1), the store listens on an IPv4 socket nbddp binds itself, not on
+torch's dual-stack ``::`` socket: torch names every accepted peer with
 ``getnameinfo()`` without ``NI_NUMERICHOST``, and for a dual-stack socket the peer is
 ``::ffff:127.0.0.1``, which no ``/etc/hosts`` lists, so each rank's connection cost a DNS query
 in the store's single server thread; where the DNS server drops a packet that is glibc's 5 s
@@ -12,18 +13,31 @@ resolver timeout, and every rank of the launch waits it out. With an IPv4 socket
 """
 from __future__ import annotations
 
+import functools
 import socket
 from datetime import timedelta
 
 from IPython.core.error import UsageError
 
 
-def _ipv4_listener(master_addr: str, port: int | None) -> socket.socket | None:
-    """A bound IPv4 socket on all interfaces (as torch's own listener), or None where the
-    master address has no IPv4 address (torch's dual-stack listener is used then)."""
+@functools.lru_cache(maxsize=32)  # a launch must not add a name lookup of its own
+def reaches_over_ipv4(master_addr: str) -> bool:
+    """Whether torch's client will reach ``master_addr`` over IPv4: it resolves the name for
+    IPv6 with v4-mapped results and connects to the first address; a v4-mapped one
+    (``::ffff:a.b.c.d``) means the name has no IPv6 address. Where it has one (``::1
+    localhost`` in /etc/hosts), ranks connect over IPv6 and torch's own listener serves them."""
     try:
-        socket.getaddrinfo(master_addr, None, socket.AF_INET, socket.SOCK_STREAM)
-    except OSError:
+        found = socket.getaddrinfo(master_addr, None, socket.AF_INET6, socket.SOCK_STREAM, 0,
+                                   socket.AI_V4MAPPED | socket.AI_ALL)
+    except (OSError, AttributeError):  # AttributeError: no AI_V4MAPPED on this platform
+        return False
+    return bool(found) and found[0][4][0].startswith("::ffff:")
+
+
+def _ipv4_listener(master_addr: str, port: int | None) -> socket.socket | None:
+    """A bound IPv4 socket on all interfaces (as torch's own listener), or None where ranks
+    will not come over IPv4 (torch's dual-stack listener is used then)."""
+    if not reaches_over_ipv4(master_addr):
         return None
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
