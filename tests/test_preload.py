@@ -24,6 +24,7 @@ def test_a_fresh_ddp_cell_starts_with_ddp_loaded_and_runs(kernel):
     cell = PROBE.replace("NAMES", repr(names)) + textwrap.dedent("""\
         import torch, torch.distributed as dist
         print('CUDA', torch.cuda._initialized, 'libcuda.so' in open('/proc/self/maps').read())
+        import signal; print('SIGUSR2', signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL)
         from torch.nn.parallel import DistributedDataParallel as DDP
         dist.init_process_group("gloo")
         model = DDP(torch.nn.Linear(10, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -36,6 +37,7 @@ def test_a_fresh_ddp_cell_starts_with_ddp_loaded_and_runs(kernel):
     assert reply.stdout.count("stepped") == 4, reply.text
     # a forked rank starts with the forkserver's state: CUDA was never initialised there
     assert reply.stdout.count("CUDA False False") == 4, reply.text
+    assert reply.stdout.count("SIGUSR2 True") == 4, reply.text  # the forkserver's own handler is not inherited
 
 
 def _write(path, text):
