@@ -144,7 +144,11 @@ class Bench:
     def measure(self, case, n, peer, fn, repeats=None, warmup=1, pause=THINK_S):
         """Time ``fn`` (see timed) and record it, with first-output times where it gives them."""
         first = []
-        value = timed(fn, self.repeats if repeats is None else repeats, warmup, pause, first)
+        try:
+            value = timed(fn, self.repeats if repeats is None else repeats, warmup, pause, first)
+        except (RuntimeError, AssertionError, subprocess.SubprocessError) as exc:  # shown in its cell
+            self.put(case, n, peer, f"failed: {' '.join(str(exc).split())[:120]}")
+            return
         self.put(case, n, peer, value, first)
 
     def cell(self, code, kernel=None, mark=None):
