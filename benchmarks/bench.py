@@ -491,7 +491,8 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
     if pool_a and px_a:
         lines.append(f"- pool trivial cell ≤ 0.5× ipyparallel %%px: {pool_a:.4f} s vs {px_a:.4f} s = {pool_a / px_a:.2f}× → {verdict(pool_a <= 0.5 * px_a)}")
     else:
-        lines.append("- pool trivial cell vs ipyparallel: NOT CHECKED (" + ("pool: not available" if not pool_a else "ipyparallel not measured") + ")")
+        lines.append("- pool trivial cell vs ipyparallel: NOT CHECKED (" + ("case trivial not measured" if "trivial" not in getattr(bench, "cases", ["trivial"]) else
+                                                          "pool: not available" if not pool_a else "ipyparallel not measured") + ")")
     fl, lo = med("prints", 4, "ddp fresh"), med("prints", 4, "local cell")
     if fl and lo:
         lines.append(f"- 4×{PRINTS} lines all delivered (checked) and ≤ 2× a local cell: {fl / lo:.2f}× → {verdict(fl <= 2 * lo)}")
