@@ -2,11 +2,11 @@
 own modules sent to it later, so a rank's first ``DDP(...)`` or ``import transformers`` costs
 nothing.
 
-Measured here (2 cores, a child forked after the old preload of torch, torch.distributed and
-torch.nn): the first ``optimizer.step()``, ``DDP(model)``, ``torch.profiler`` or
-``fully_shard`` imported ``torch._dynamo`` and ~820 modules, 4.4-6.2 s per rank;
-``torch.distributed.checkpoint`` 0.4 s more. With the list below each of those cells imports
-nothing new (``python /tmp/firstuse.py`` in the issue's report). Nothing here initialises CUDA:
+Measured with ``benchmarks/first_use.py`` (2 cores, a child forked after the old preload of
+torch, torch.distributed and torch.nn): the first ``optimizer.step()``, ``DDP(model)`` + SGD
+or ``torch.profiler`` imported ``torch._dynamo`` and ~820 modules, 4.4-6.2 s per rank;
+``fully_shard`` 605 of them (2.4 s), ``torch.distributed.checkpoint`` 683 (2.8 s). After the
+list below none of those cells imports a module. Nothing here initialises CUDA:
 the forkserver must stay fork-safe, and a kernel that already initialised CUDA must still work
 (tests/test_preload.py checks ``torch.cuda._initialized`` in the forkserver).
 
@@ -39,13 +39,13 @@ MODULES = [
     ("torch.nn", "models"),
     ("torch.nn.parallel", "DistributedDataParallel"),
     ("torch.optim", "optimizers and lr_scheduler"),
-    ("torch._dynamo", "imported by the first optimizer.step(), DDP(...), torch.profiler and "
-                      "fully_shard: 4.4-6.2 s and ~820 modules per rank on 2 cores"),
+    ("torch._dynamo", "imported by the first optimizer.step(), DDP(...) and torch.profiler: "
+                      "4.4-6.2 s and ~820 modules per rank on 2 cores"),
     ("torch.amp", "autocast, GradScaler"),
     ("torch.utils.data", "DataLoader"),
     ("torch.utils.data.distributed", "DistributedSampler"),
-    ("torch.distributed.fsdp", "fully_shard (FSDP2)"),
-    ("torch.distributed.checkpoint", "torch.distributed.checkpoint: 0.4 s, 74 modules"),
+    ("torch.distributed.fsdp", "fully_shard (FSDP2): 605 modules, 2.4 s, mostly torch._dynamo's"),
+    ("torch.distributed.checkpoint", "dcp.save / dcp.load: 74 modules more than torch._dynamo's"),
     ("torch.profiler", "torch.profiler.profile"),
     ("torch.profiler._cupti_monitor", "imported by the profiler hooks of the first optimizer "
                                       "step and DataLoader iteration (no CUDA call at import)"),
