@@ -59,7 +59,8 @@ NAMES = [name for name, _ in MODULES]
 SIGNAL = signal.SIGUSR2
 PROBE_TIMEOUT_S = 120.0
 
-# Never offered: the kernel's own stack (a rank has no kernel), tools, and nbddp's own.
+# Never offered: the kernel's own stack (a rank has no kernel), test tools, and what the
+# forkserver has anyway (nbddp, torch and their own dependencies).
 KERNEL_STACK = frozenset("""
 IPython ipykernel ipyparallel ipywidgets widgetsnbextension jupyterlab_widgets comm zmq tornado
 traitlets jupyter_client jupyter_core jupyter_server jupyterlab notebook nbclient nbformat
@@ -89,8 +90,8 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 def notebook_modules(modules=None) -> list[str]:
-    """Modules the notebook imported that are worth offering, in import order (packages before
-    their submodules). Pure: ``modules`` is a ``sys.modules``-like mapping."""
+    """Modules the notebook imported that are worth offering and were not offered yet, in
+    import order (packages before their submodules); ``modules`` is ``sys.modules``-like."""
     modules = sys.modules if modules is None else modules
     names = []
     for name, mod in list(modules.items()):
@@ -130,6 +131,8 @@ def offer(ctx, start) -> bool:
         if messenger.exitcode is None:
             messenger.kill()
             messenger.join(5)
+    if not verdicts:  # no answer (a forkserver without the hook, no /proc): do not ask again
+        verdicts = {name: "not preloaded: the forkserver did not answer" for name in names}
     for name, verdict in verdicts.items():
         if verdict in ("ok", "present"):
             _offered[name] = "ok"
