@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import platform
 import re
@@ -28,11 +29,42 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from kernel import Kernel  # noqa: E402
 
 TRIVIAL = "pass"
-ALLREDUCE = textwrap.dedent("""\
-    import torch, torch.distributed as dist
-    dist.init_process_group("gloo")
-    t = torch.ones(1); dist.all_reduce(t)
-    dist.destroy_process_group()""")
+# (d) and (e): what a real training cell does. BODY is the part after the process group exists
+# (the persistent peers, pool and ipyparallel, keep their group across cells); FRESH wraps it
+# in init_process_group ... destroy_process_group for the peers that start ranks per cell.
+DDP_BODY = textwrap.dedent("""\
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = DDP(torch.nn.Linear(10, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(3):
+        opt.zero_grad(); model(torch.randn(8, 10)).sum().backward(); opt.step()
+        print(f"step {step}", flush=True)""")
+LOADER_BODY = textwrap.dedent("""\
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+    data = TensorDataset(torch.randn(256, 10), torch.randn(256, 1))
+    sampler = DistributedSampler(data)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in DataLoader(data, batch_size=16, sampler=sampler):
+            pass
+        print(f"epoch {epoch}", flush=True)""")
+BODIES = {"allreduce": "t = torch.ones(1); dist.all_reduce(t)", "ddp": DDP_BODY, "dataloader": LOADER_BODY}
+
+
+def fresh(body: str) -> str:
+    return ('import torch, torch.distributed as dist\ndist.init_process_group("gloo")\n'
+            + body + "\ndist.destroy_process_group()")
+
+
+CASES = {"trivial": TRIVIAL, "allreduce": fresh(BODIES["allreduce"]), "ddp": fresh(DDP_BODY),
+         "dataloader": fresh(LOADER_BODY)}
+TITLES = {"trivial": "(a) trivial cell", "allreduce": "(b) init + all_reduce + destroy",
+          "ddp": "(d) init + DDP(Linear) + 3 SGD steps + destroy",
+          "dataloader": "(e) DataLoader + DistributedSampler, 2 epochs", "prints": "(c) 4 × 20,000 prints"}
+MARKS = {"ddp": "step 0", "dataloader": "epoch 0"}  # a rank's first line, for the first-output column
+TAIL_CELLS = 50
 PRINTS = 20000
 FLOOD = f"import os\nr = os.environ.get('RANK', '0')\nfor i in range({PRINTS}):\n    print(r, i)"
 TRAIN = textwrap.dedent("""\
@@ -64,51 +96,98 @@ class Hung(Exception):
 
 
 def stats(times):
-    return {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)}
+    ordered = sorted(times)
+    p95 = ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "p95": p95,
+            "n": len(times)}
 
 
 THINK_S = 0.5  # a (short) pause between cells, as a user reading the output makes; untimed
 
 
-def timed(fn, repeats, warmup=1, pause=THINK_S):
+def timed(fn, repeats, warmup=1, pause=THINK_S, first=None):
     """Median/min/max of ``repeats`` calls after ``warmup``, with ``pause`` seconds between
-    calls (every peer alike; nbddp forks its spare processes for the next cell in such a pause)."""
+    calls (every peer alike; nbddp forks its spare processes for the next cell in such a pause).
+    ``fn`` returns seconds, or (seconds, seconds to its first output line); the latter go into
+    the list ``first`` when one is given."""
     times = []
     for i in range(warmup + repeats):
         if pause:
             time.sleep(pause)
         t = fn()
+        if isinstance(t, tuple):
+            t, t_first = t
+            if i >= warmup and first is not None and t_first is not None:
+                first.append(t_first)
         if i >= warmup:
             times.append(t)
     return stats(times)
 
 
 class Bench:
-    def __init__(self, ranks, repeats):
-        self.ranks, self.repeats = ranks, repeats
+    def __init__(self, ranks, repeats, cases=("trivial", "allreduce", "ddp", "dataloader")):
+        self.ranks, self.repeats, self.cases = ranks, repeats, list(cases)
         self.rows = {}   # (case, n) -> {peer: stats | str}
+        self.first = {}  # (case, n) -> {peer: stats}: execute → first output line
         self.k = Kernel(cwd=tempfile.mkdtemp(prefix="nbddp-bench-"))
         self.k.ok("%load_ext nbddp")
         self.tmp = tempfile.mkdtemp(prefix="nbddp-bench-scripts-")
 
-    def put(self, case, n, peer, value):
+    def put(self, case, n, peer, value, first=None):
         self.rows.setdefault((case, n), {})[peer] = value
         shown = f"{value['median']:.4f} s" if isinstance(value, dict) else value
-        print(f"  {case:>10} n={n} {peer:>14}: {shown}", flush=True)
+        if first:
+            self.first.setdefault((case, n), {})[peer] = stats(first)
+            shown += f", first output {statistics.median(first):.4f} s"
+        print(f"  {case:>10} n={n} {peer:>20}: {shown}", flush=True)
 
-    def cell(self, code):
+    def measure(self, case, n, peer, fn, repeats=None, warmup=1, pause=THINK_S):
+        """Time ``fn`` (see timed) and record it, with first-output times where it gives them."""
+        first = []
+        try:
+            value = timed(fn, self.repeats if repeats is None else repeats, warmup, pause, first)
+        except (RuntimeError, AssertionError, subprocess.SubprocessError) as exc:  # shown in its cell
+            self.put(case, n, peer, f"failed: {' '.join(str(exc).split())[:120]}")
+            return
+        self.put(case, n, peer, value, first)
+
+    def cell(self, code, kernel=None, mark=None):
+        """A kernel cell: (client seconds, seconds until ``mark`` (a rank's first line) arrived,
+        or None)."""
+        k = kernel or self.k
+        seen, t0 = [], 0.0
+
+        def on_output(reply):
+            if mark and not seen and mark in reply.stdout:
+                seen.append(time.monotonic() - t0)
+
         def run():
-            return self.k.ok(code, timeout=600).elapsed
+            nonlocal t0
+            seen.clear()
+            t0 = time.monotonic()
+            reply = k.execute(code, timeout=600, on_output=on_output)
+            if reply.error or reply.status == "error":
+                raise RuntimeError(f"{(reply.error or {}).get('ename', 'error')}: {reply.text[-300:]}")
+            return reply.elapsed, (seen[0] if seen else None)
         return run
 
     # ------------------------------------------------------------- peers
     def ddp_fresh(self, n):
-        self.put("trivial", n, "ddp fresh", timed(self.cell(f"%%ddp -n {n} --output text\n{TRIVIAL}"), self.repeats))
-        self.put("allreduce", n, "ddp fresh", timed(self.cell(f"%%ddp -n {n} --output text\n{ALLREDUCE}"), self.repeats))
+        for case in self.cases:
+            self.measure(case, n, "ddp fresh", self.cell(f"%%ddp -n {n} --output text\n{CASES[case]}", mark=MARKS.get(case)))
         # the same cells back to back: the spares for the next cell are still being forked
-        for case, code in (("trivial", TRIVIAL), ("allreduce", ALLREDUCE)):
-            self.put(case, n, "ddp fresh, no pause",
-                     timed(self.cell(f"%%ddp -n {n} --output text\n{code}"), self.repeats, pause=0))
+        for case in ("trivial", "allreduce"):
+            if case in self.cases:
+                self.measure(case, n, "ddp fresh, no pause",
+                             self.cell(f"%%ddp -n {n} --output text\n{CASES[case]}"), pause=0)
+
+    tail_cells = TAIL_CELLS
+
+    def tail(self, n=4, cells=None):
+        """(b) as 50 fresh cells in a row (with the pause): the median and p95 (a 5 s stall in
+        one cell of 20 shows in the p95)."""
+        value = timed(self.cell(f"%%ddp -n {n} --output text\n{CASES['allreduce']}"), cells or self.tail_cells)
+        self.put("allreduce tail", n, "ddp fresh", value)
 
     def pool_available(self):
         reply = self.k.ok("print('ddp_pool' in get_ipython().magics_manager.magics['line'])")
@@ -120,30 +199,36 @@ class Bench:
             return
         self.k.ok(f"%ddp_pool start -n {n} --output text")
         try:
-            self.put("trivial", n, "ddp pool", timed(self.cell(f"%%ddp\n{TRIVIAL}"), self.repeats))
+            if "trivial" in self.cases:
+                self.measure("trivial", n, "ddp pool", self.cell(f"%%ddp\n{TRIVIAL}"))
             self.k.ok("%%ddp\nimport torch, torch.distributed as dist\ndist.init_process_group('gloo')")
-            self.put("allreduce", n, "ddp pool", timed(self.cell("%%ddp\nt = torch.ones(1); dist.all_reduce(t)"), self.repeats))
+            for case in ("allreduce", "ddp", "dataloader"):
+                if case in self.cases:
+                    self.measure(case, n, "ddp pool", self.cell(f"%%ddp\n{BODIES[case]}", mark=MARKS.get(case)))
         finally:
             self.k.ok("%ddp_pool stop")
 
     def torchrun(self, n):
-        paths = {}
-        for case, code in (("trivial", TRIVIAL), ("allreduce", ALLREDUCE)):
-            paths[case] = os.path.join(self.tmp, f"{case}.py")
-            with open(paths[case], "w") as f:
-                f.write(code + "\n")
-
-        def run(path):
+        def run(path, mark):
             def go():
                 t0 = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                f"--nproc-per-node={n}", path], check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                return time.perf_counter() - t0
+                proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                         f"--nproc-per-node={n}", path],
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                first = None
+                for line in proc.stdout:
+                    if first is None and mark and mark.encode() in line:
+                        first = time.perf_counter() - t0
+                if proc.wait() != 0:
+                    raise RuntimeError(f"torchrun exited with {proc.returncode}")
+                return time.perf_counter() - t0, first
             return go
         reps = max(3, self.repeats // 2)
-        for case, path in paths.items():
-            self.put(case, n, "torchrun", timed(run(path), reps, warmup=0))
+        for case in self.cases:
+            path = os.path.join(self.tmp, f"{case}.py")
+            with open(path, "w") as f:
+                f.write(CASES[case] + "\n")
+            self.measure(case, n, "torchrun", run(path, MARKS.get(case)), repeats=reps, warmup=0)
 
     def accelerate(self, n):
         try:
@@ -160,32 +245,25 @@ class Bench:
             self.acc.shutdown()
 
     def _accelerate(self, n):
-        self.acc.ok(textwrap.dedent("""\
-            from accelerate import notebook_launcher
-            def _acc_allreduce():
-                import torch, torch.distributed as dist
-                dist.init_process_group("gloo")
-                t = torch.ones(1); dist.all_reduce(t)
-                dist.destroy_process_group()
-            def _acc_trivial():
-                pass"""))
-        for case, fn in (("trivial", "_acc_trivial"), ("allreduce", "_acc_allreduce")):
-            code = f"notebook_launcher({fn}, num_processes={n})"
+        defs = ["from accelerate import notebook_launcher"]
+        for case in self.cases:
+            defs.append(f"def _acc_{case}():\n" + textwrap.indent(CASES[case], "    "))
+        self.acc.ok("\n".join(defs))
+        for case in self.cases:
+            code = f"notebook_launcher(_acc_{case}, num_processes={n})"
+            timed_cell = self.cell(code, kernel=self.acc, mark=MARKS.get(case))
 
             def run():
                 # notebook_launcher forks the (multi-threaded) kernel; a forked rank can hang.
                 # Such a run is reported as hung, its processes killed, never timed.
                 try:
-                    reply = self.acc.execute(code, timeout=ACCELERATE_HANG_S)
+                    return timed_cell()
                 except TimeoutError:
                     self.kill_forked_kernels()
                     self.acc.execute("pass", timeout=60)  # wait for the failed cell to end
                     raise Hung()
-                if reply.error:
-                    raise RuntimeError(f"{reply.error['ename']}: {reply.error['evalue'][:80]}")
-                return reply.elapsed
             try:
-                self.put(case, n, "accelerate", timed(run, self.repeats, warmup=1))
+                self.measure(case, n, "accelerate", run)
             except Hung:
                 self.put(case, n, "accelerate", f"hung (a run did not finish in {ACCELERATE_HANG_S} s)")
             except RuntimeError as exc:
@@ -222,28 +300,33 @@ class Bench:
             if reply.error:
                 self.put("trivial", n, "ipyparallel", f"failed: {reply.error['ename']}: {reply.error['evalue'][:80]}")
                 return
-            self.put("trivial", n, "ipyparallel", timed(self.cell(f"%%px\n{TRIVIAL}"), self.repeats))
+            if "trivial" in self.cases:
+                self.measure("trivial", n, "ipyparallel", self.cell(f"%%px\n{TRIVIAL}"))
             self.k.ok("%%px\nimport torch, torch.distributed as dist\ndist.init_process_group('gloo')", timeout=300)
-            self.put("allreduce", n, "ipyparallel", timed(self.cell("%%px\nt = torch.ones(1); dist.all_reduce(t)"), self.repeats))
+            for case in ("allreduce", "ddp", "dataloader"):
+                if case in self.cases:
+                    self.measure(case, n, "ipyparallel", self.cell(f"%%px\n{BODIES[case]}", mark=MARKS.get(case)))
         finally:
             self.k.execute("_cluster is not None and _cluster.stop_cluster_sync()", timeout=120)
 
     def spawn(self, n):
         self.k.ok(textwrap.dedent(f"""\
             import multiprocess, socket
-            def _spawn_job(rank, port, world):
-                import os, torch, torch.distributed as dist
+            def _spawn_job(rank, port, world, code):
+                import os
                 os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                dist.init_process_group("gloo"); t = torch.ones(1); dist.all_reduce(t); dist.destroy_process_group()
-            def _spawn_run(world):
+                exec(code, {{"__name__": "__main__"}})
+            def _spawn_run(world, code):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
                 ctx = multiprocess.get_context("spawn")
-                ps = [ctx.Process(target=_spawn_job, args=(r, port, world)) for r in range(world)]
+                ps = [ctx.Process(target=_spawn_job, args=(r, port, world, code)) for r in range(world)]
                 [p.start() for p in ps]; [p.join() for p in ps]
                 assert all(p.exitcode == 0 for p in ps)"""))
         reps = max(3, self.repeats // 2)
-        self.put("allreduce", n, "mp spawn", timed(self.cell(f"_spawn_run({n})"), reps, warmup=0))
+        for case in self.cases:
+            if case != "trivial":
+                self.measure(case, n, "mp spawn", self.cell(f"_spawn_run({n}, {CASES[case]!r})", mark=MARKS.get(case)), repeats=reps, warmup=0)
 
     def flood(self):
         n = 4
@@ -317,7 +400,10 @@ class Bench:
                         peer(n)
                     except Exception as exc:  # one broken peer must not hide the others
                         self.put("allreduce", n, peer.__name__, f"failed: {type(exc).__name__}: {str(exc)[:100]}")
-            for step in (self.flood, self.training, self.profile):
+            steps = [self.flood, self.training, self.profile]
+            if "allreduce" in self.cases and 4 in self.ranks:
+                steps.insert(0, self.tail)
+            for step in steps:
                 try:
                     step()
                 except Exception as exc:
@@ -340,7 +426,8 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
              "", "Median seconds per cell (min–max), and in brackets the ratio to `%%ddp` fresh "
              "(>1 = slower than %%ddp).", "",
              "| case | ranks | " + " | ".join(PEERS) + " |", "|---|---|" + "---|" * len(PEERS)]
-    for (case, n), peers in sorted(bench.rows.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    order = ["trivial", "allreduce", "prints", "ddp", "dataloader", "allreduce tail"]
+    for (case, n), peers in sorted(bench.rows.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else 99, kv[0][1])):
         base = peers.get("ddp fresh")
         cells = []
         for peer in PEERS:
@@ -353,7 +440,21 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
                 ratio = f" [{v['median'] / base['median']:.2f}×]" if isinstance(base, dict) else ""
                 cells.append(f"{v['median']:.3f} ({v['min']:.3f}–{v['max']:.3f}){ratio}")
         lines.append(f"| {case} | {n} | " + " | ".join(cells) + " |")
-    lines += ["", "## Targets (4 ranks)", ""]
+    lines += ["", "Cases: " + "; ".join(f"**{c}** = {t}" for c, t in TITLES.items()) +
+              f"; **allreduce tail** = {bench.tail_cells} fresh (b) cells in a row (median, min–max; p95 below).", ""]
+    tail = bench.rows.get(("allreduce tail", 4), {}).get("ddp fresh")
+    if isinstance(tail, dict):
+        lines += [f"Tail of {tail['n']} fresh 4-rank (b) cells: median {tail['median']:.3f} s, "
+                  f"p95 {tail['p95']:.3f} s, max {tail['max']:.3f} s.", ""]
+    if bench.first:
+        lines += ["Seconds from execute to a rank's first output line (`step 0` / `epoch 0`), median (min–max):", "",
+                  "| case | ranks | " + " | ".join(PEERS) + " |", "|---|---|" + "---|" * len(PEERS)]
+        for (case, n), peers in sorted(bench.first.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
+            lines.append(f"| {case} | {n} | " + " | ".join(
+                f"{peers[p]['median']:.3f} ({peers[p]['min']:.3f}–{peers[p]['max']:.3f})" if p in peers else ""
+                for p in PEERS) + " |")
+        lines.append("")
+    lines += ["## Targets (4 ranks)", ""]
 
     def med(case, n, peer):
         v = bench.rows.get((case, n), {}).get(peer)
@@ -368,11 +469,30 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
         lines.append("- fresh init+all_reduce vs accelerate: accelerate not measured")
     if fresh_b and tr_b:
         lines.append(f"- fresh init+all_reduce ≥ 20× faster than torchrun: {tr_b / fresh_b:.1f}× → {verdict(tr_b >= 20 * fresh_b)}")
+    fresh_d, acc_d = med("ddp", 4, "ddp fresh"), med("ddp", 4, "accelerate")
+    if fresh_d and acc_d:
+        lines.append(f"- (d) fresh DDP cell ≤ 0.25× accelerate and ≤ 0.5 s: {fresh_d:.3f} s, "
+                     f"{fresh_d / acc_d:.2f}× → {verdict(fresh_d <= 0.25 * acc_d and fresh_d <= 0.5)}")
+    elif fresh_d:
+        lines.append(f"- (d) fresh DDP cell ≤ 0.5 s: {fresh_d:.3f} s → {verdict(fresh_d <= 0.5)}; "
+                     "vs accelerate: NOT CHECKED (accelerate not measured)")
+    if not isinstance(tail, dict):
+        lines.append("- (b) p95 of the fresh-cell tail ≤ 2× its median: NOT CHECKED (tail not measured)")
+    else:
+        lines.append(f"- (b) p95 of {tail['n']} fresh cells ≤ 2× their median: {tail['p95']:.3f} s vs "
+                     f"{tail['median']:.3f} s = {tail['p95'] / tail['median']:.2f}× → {verdict(tail['p95'] <= 2 * tail['median'])}")
+    first_d = bench.first.get(("ddp", 4), {}).get("ddp fresh")
+    if not first_d:
+        lines.append("- first output of a fresh DDP cell ≤ 0.5 s: NOT CHECKED (case ddp not measured)")
+    else:
+        lines.append(f"- first output (`step 0`) of a fresh DDP cell ≤ 0.5 s after execute: "
+                     f"{first_d['median']:.3f} s → {verdict(first_d['median'] <= 0.5)}")
     pool_a, px_a = med("trivial", 4, "ddp pool"), med("trivial", 4, "ipyparallel")
     if pool_a and px_a:
         lines.append(f"- pool trivial cell ≤ 0.5× ipyparallel %%px: {pool_a:.4f} s vs {px_a:.4f} s = {pool_a / px_a:.2f}× → {verdict(pool_a <= 0.5 * px_a)}")
     else:
-        lines.append("- pool trivial cell vs ipyparallel: NOT CHECKED (" + ("pool: not available" if not pool_a else "ipyparallel not measured") + ")")
+        lines.append("- pool trivial cell vs ipyparallel: NOT CHECKED (" + ("case trivial not measured" if "trivial" not in getattr(bench, "cases", ["trivial"]) else
+                                                          "pool: not available" if not pool_a else "ipyparallel not measured") + ")")
     fl, lo = med("prints", 4, "ddp fresh"), med("prints", 4, "local cell")
     if fl and lo:
         lines.append(f"- 4×{PRINTS} lines all delivered (checked) and ≤ 2× a local cell: {fl / lo:.2f}× → {verdict(fl <= 2 * lo)}")
@@ -400,8 +520,9 @@ def plot(bench, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    cases = ["trivial", "allreduce"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    cases = [c for c in ("trivial", "allreduce", "ddp", "dataloader") if any(k[0] == c for k in bench.rows)]
+    fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4.5), squeeze=False)
+    axes = axes[0]
     for ax, case in zip(axes, cases):
         ns = sorted({n for (c, n) in bench.rows if c == case})
         peers = [p for p in PEERS if any(isinstance(bench.rows[(case, n)].get(p), dict) for n in ns)]
@@ -413,7 +534,7 @@ def plot(bench, path):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ns))], [f"{n} ranks" for n in ns])
         ax.set_yscale("log")
         ax.set_ylabel("seconds per cell (median, log)")
-        ax.set_title({"trivial": "(a) trivial cell", "allreduce": "(b) init + all_reduce"}[case])
+        ax.set_title(TITLES[case], fontsize=9)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -424,11 +545,18 @@ def main():
     p.add_argument("--ranks", default="1,2,4,8")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="ranks 2,4 with 3 repeats")
+    p.add_argument("--cases", default=",".join(CASES), help="of " + ",".join(CASES))
+    p.add_argument("--tail", type=int, default=TAIL_CELLS, help="fresh (b) cells in the tail run")
     p.add_argument("--out", default=HERE)
     a = p.parse_args()
     ranks = [2, 4] if a.quick else [int(x) for x in a.ranks.split(",")]
     repeats = 3 if a.quick else a.repeats
-    bench = Bench(ranks, repeats)
+    cases = [c for c in a.cases.split(",") if c]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    bench = Bench(ranks, repeats, cases)
+    bench.tail_cells = a.tail
     bench.run()
     print(report(bench, os.path.join(a.out, "results.md"), os.path.join(a.out, "results.png")))
 

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 
-from . import diagnosis, placement, spares, stacks, starter
+from . import diagnosis, placement, preload, spares, stacks, starter
 from .envvars import legacy_argv, rank_env
 from .rendezvous import host_store
 from .result import (FAILED, INTERRUPTED, KILLED, OK, RUNNING, TERMINATED, TIMED_OUT, RankResult,
@@ -152,6 +152,7 @@ class Launch:
         self.use_spares = spares.usable(spec, self.pool_mode)
         ready = spares.take(len(self.result.ranks)) if self.use_spares else []
         prepared = []  # everything made first, then all ranks started at once (starter.start_all)
+        forget = preload.stale()  # preloaded user modules edited since: the ranks re-import them
         for i, res in enumerate(self.result.ranks):
             rank = _Rank(res)
             self.ranks.append(rank)
@@ -172,7 +173,7 @@ class Launch:
                 "cell_path": cell_path, "source": self.source, "func": self.func,
                 "stack_path": rank.stack_path,
                 "pull": [name.split("@")[0] for name in spec.pull], "backend": backend, "push": self.push,
-                "pool": self.pool_mode,
+                "pool": self.pool_mode, "forget": forget,
             }, protocol=pickle.HIGHEST_PROTOCOL)
             rank.process, rank.ctl, rank.lifeline_w = plumbing.process, plumbing.ctl, plumbing.life_w
             prepared.append((rank, plumbing, plain))

@@ -20,7 +20,7 @@ import threading
 
 from multiprocess.connection import Connection
 
-from . import starter, worker
+from . import preload, starter, worker
 
 DEFAULT_LIMIT = 8
 _lock = threading.Lock()
@@ -110,11 +110,17 @@ def refill(n: int) -> None:
 
     def work():
         try:
+            ctx = starter.context("forkserver")
+            if preload.offer(ctx, starter.start):  # the notebook's new modules, before these forks
+                with _lock:  # spares forked before lack them
+                    outdated = list(_stock)
+                    _stock.clear()
+                for spare in outdated:
+                    spare.discard()
             with _lock:
                 missing = want - len(_stock)
             if missing <= 0:
                 return
-            ctx = starter.context("forkserver")
             made = [Plumbing(ctx, duplex=False, spare=True) for _ in range(missing)]
             try:
                 starter.start_all([p.process for p in made])

@@ -8,9 +8,7 @@ import threading
 import multiprocess
 from multiprocess import forkserver, spawn
 
-# Imported once in the forkserver so each rank starts with them already loaded. None of these
-# initialise CUDA.
-PRELOAD = ["torch", "torch.distributed", "torch.nn", "nbddp.worker", "nbddp.worker_display"]
+from .preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/preload.py
 
 _lock = threading.Lock()
 _preload_set = False

@@ -102,6 +102,10 @@ def _become_script(job: dict) -> None:
     os.chdir(job["cwd"])
     sys.path[:] = [job["cwd"]] + [p for p in job["sys_path"] if p not in ("", job["cwd"])]
     sys.argv = list(job["argv"])
+    if job.get("forget"):  # preloaded modules whose files changed since (nbddp/preload.py)
+        from .preload import forget
+
+        forget(job["forget"])
     atexit._clear()  # handlers inherited from the forkserver are not the script's
     _install_display(job["ctl"])
 
