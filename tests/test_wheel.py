@@ -71,9 +71,12 @@ def venv(dist, tmp_path_factory):
     pins.write_text(f"torch=={torch.__version__}\n")  # never a different (CUDA) build
     run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile", "-c", str(pins),
          f"torch=={torch.__version__}", str(dist[1])], env=clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"))
-    # the first import writes the bytecode a user's first import would (the forkserver runs
-    # with -B, so without this every cell's forkserver would compile torch from source again)
-    run([python, "-c", "import torch.distributed, torch.nn, nbddp.worker, nbddp.magic, ipykernel.kernelapp, papermill"])
+    # the first import writes the bytecode a user's first import would (the forkserver runs with
+    # -B, and CI may set PYTHONDONTWRITEBYTECODE: without this every process compiles torch again)
+    warm = "import torch.distributed, torch.nn, torch.distributed.run, nbddp.magic, nbddp.worker, ipykernel.kernelapp, papermill"
+    env = clean_env()
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    run([python, "-c", warm], env=env)
     site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
     return python, site
 
