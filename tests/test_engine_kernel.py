@@ -82,7 +82,7 @@ import time; time.sleep(30)
     text = "\n".join(reply.error["traceback"])
     assert "rank 1: failed (ValueError: bad batch on rank one at cell line 5)" in text
     assert 'raise ValueError("bad batch on rank one")' in text  # the cell's own source line
-    assert "rank 0: terminated (stopped by nbddp after rank 1 failed)" in text
+    assert "ranks 0,2: terminated (stopped by nbddp after rank 1 failed)" in text   # said once for both
     assert "[rank1]:ValueError: bad batch on rank one" in reply.stderr
     assert "nbddp/launcher.py" not in text and "magic.py" not in text  # no traceback from inside
 
