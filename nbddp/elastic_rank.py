@@ -3,7 +3,7 @@
 torchrun runs ``python -m nbddp.elastic_rank CELL.py ARGS...``; this runs CELL.py exactly as
 ``python CELL.py ARGS...`` would (``__main__``, ``sys.argv``, tracebacks with the cell's lines)
 and leaves a small status file for the kernel: pid and rank when it starts, the exception and
-exit code when it ends, the Python stacks on SIGUSR1. Nothing of nbddp stays in the rank's
+exit code when it ends, the Python stacks on request. Nothing of nbddp stays in the rank's
 environment, so the cell sees exactly what torchrun gives a script.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ import sys
 import time
 import traceback
 import types
+
+from nbddp import stackwatch
 
 STATUS_DIR_VAR = "NBDDP_ELASTIC_DIR"
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
@@ -72,8 +74,7 @@ def main() -> None:
     status_path = os.path.join(status_dir, f"rank{rank}.json") if status_dir else ""
     if status_path:
         _write(status_path, status)
-        stacks = open(os.path.join(status_dir, f"rank{rank}.stacks"), "w")
-        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+        stackwatch.serve(os.path.join(status_dir, f"rank{rank}.stacks"))
     faulthandler.enable(file=sys.stderr, all_threads=True)
     with open(cell_path, encoding="utf-8") as f:
         source = f.read()

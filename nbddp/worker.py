@@ -18,6 +18,8 @@ import time
 import traceback
 import types
 
+from . import stackwatch
+
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
 
@@ -86,11 +88,7 @@ def _become_script(job: dict) -> None:
     sys.stderr = sys.__stderr__ = _line_stream(2)
     _watch_lifeline(job["lifeline"])
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    # append mode: the launcher truncates the file before each request, and a plain "w" offset
-    # would put the next dump after a hole of NUL bytes
-    stack_file = open(job["stack_path"], "a")
-    job["_stack_file"] = stack_file
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+    job["_stack_file"] = stackwatch.serve(job["stack_path"])  # stacks on request, no signal
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.clear()
