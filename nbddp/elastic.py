@@ -32,7 +32,7 @@ from IPython.core.error import UsageError
 from . import diagnosis, placement, stacks
 from .elastic_rank import LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from .envvars import legacy_flag
-from .launcher import new_log_dir
+from .logdirs import new_log_dir, private
 from .result import (FAILED, INTERRUPTED, KILLED, OK, RUNNING, TERMINATED, TIMED_OUT, RankResult,
                      RunResult)
 from .spec import LaunchSpec
@@ -140,9 +140,9 @@ class ElasticLaunch:
         spec = self.spec
         log_dir = new_log_dir(spec.log_dir)
         self.status_dir = os.path.join(log_dir, "status")
-        os.makedirs(self.status_dir, exist_ok=True)
+        os.makedirs(self.status_dir, mode=0o700, exist_ok=True)
         cell_path = os.path.join(log_dir, "cell.py")
-        with open(cell_path, "w") as f:
+        with open(cell_path, "w", opener=private) as f:
             f.write(self.source)
         self.cell_path = cell_path
         port = None
@@ -164,7 +164,7 @@ class ElasticLaunch:
         if flag is not None:
             env[LEGACY_VAR] = flag
         cmd = self.command(cell_path)
-        with open(os.path.join(log_dir, "torchrun-command.txt"), "w") as f:
+        with open(os.path.join(log_dir, "torchrun-command.txt"), "w", opener=private) as f:
             f.write(shlex.join(cmd) + "\n")
         self._emit("launch_started", self.result, spec, self.placement.backend)
         if self.placement.note:
@@ -222,7 +222,8 @@ class ElasticLaunch:
     def _log(self, rank: int, stream: str):
         log = self.logs.get((rank, stream))
         if log is None:
-            log = self.logs[(rank, stream)] = open(os.path.join(self.result.log_dir, f"rank{rank}.{stream}"), "ab")
+            log = self.logs[(rank, stream)] = open(os.path.join(self.result.log_dir, f"rank{rank}.{stream}"), "ab",
+                                                     opener=private)
         return log
 
     def _rank_pids(self) -> list[int]:
@@ -322,7 +323,7 @@ class ElasticLaunch:
         if match is None:  # torchrun's own words: kept in agent.log, summarised at the end
             text = line.decode("utf-8", errors="replace")
             self.agent_lines.append(text)
-            with open(os.path.join(self.result.log_dir, "agent.log"), "a") as f:
+            with open(os.path.join(self.result.log_dir, "agent.log"), "a", opener=private) as f:
                 f.write(text)
             return
         rank = int(match.group(1))

@@ -12,12 +12,12 @@ import pickle
 import selectors
 import signal
 import sys
-import tempfile
 import threading
 import time
 import uuid
 
-from . import diagnosis, placement, spares, stacks, starter
+from . import diagnosis, placement, pushing, spares, stacks, starter
+from .logdirs import new_log_dir, private
 from .envvars import legacy_argv, rank_env
 from .rendezvous import host_store
 from .result import (FAILED, INTERRUPTED, KILLED, OK, RUNNING, TERMINATED, TIMED_OUT, RankResult,
@@ -31,8 +31,6 @@ DRAIN_LIMIT_S = 2.0      # waiting for pipes held open by something that escaped
 
 _live_lock = threading.Lock()
 _live: set["Launch"] = set()
-_log_root: str | None = None
-_launch_count = 0
 
 
 def _kill_all_live() -> None:
@@ -44,19 +42,6 @@ def _kill_all_live() -> None:
 
 
 atexit.register(_kill_all_live)
-
-
-def new_log_dir(requested: str | None) -> str:
-    global _log_root, _launch_count
-    if requested:
-        os.makedirs(requested, exist_ok=True)
-        return os.path.abspath(requested)
-    if _log_root is None or not os.path.isdir(_log_root):
-        _log_root = tempfile.mkdtemp(prefix="nbddp-")
-    _launch_count += 1
-    path = os.path.join(_log_root, f"launch-{_launch_count}")
-    os.makedirs(path, exist_ok=True)
-    return path
 
 
 class _Rank:
@@ -86,7 +71,7 @@ class Launch:
         self.spec = spec
         self.source = source
         self.func = None if func is None else pack_callable(func, args, kwargs)
-        self.push = pack_names(push)
+        self.push = pushing.pack(push)  # one shared file, read by every rank
         self.sinks = list(sinks)
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -105,7 +90,7 @@ class Launch:
         spec = self.spec
         log_dir = new_log_dir(spec.log_dir)
         cell_path = os.path.join(log_dir, "cell.py")
-        with open(cell_path, "w") as f:
+        with open(cell_path, "w", opener=private) as f:
             f.write(self.source if self.source is not None else
                     f"# nbddp ran the function {self.func['name']}\n")
         store, port = host_store(spec.master_addr, spec.master_port)
@@ -131,6 +116,7 @@ class Launch:
             self._cleanup()
             with _live_lock:
                 _live.discard(self)
+            pushing.discard(self.push)
             del store
         self.result.ended_at = time.time()
         diagnosis.add_hints(self.result)
@@ -159,7 +145,8 @@ class Launch:
             res.stdout_path = os.path.join(log_dir, f"rank{r}.stdout")
             res.stderr_path = os.path.join(log_dir, f"rank{r}.stderr")
             rank.stack_path = os.path.join(log_dir, f"rank{r}.stacks")
-            rank.logs = {"stdout": open(res.stdout_path, "wb"), "stderr": open(res.stderr_path, "wb")}
+            rank.logs = {"stdout": open(res.stdout_path, "wb", opener=private),
+                         "stderr": open(res.stderr_path, "wb", opener=private)}
             plumbing = ready[i] if i < len(ready) else spares.Plumbing(ctx, duplex=self.pool_mode)
             env = rank_env(spec, r, master_port=port, run_id=run_id,
                            error_file=os.path.join(log_dir, f"rank{r}.error.json"),
@@ -266,7 +253,8 @@ class Launch:
         elif kind == "return":
             res.value = message[1]
         elif kind == "pulled":
-            res.pulled = message[1]
+            res.pulled.update(message[1])
+            res.pull_errors.update(message[2] if len(message) > 2 else {})
         elif kind == "return_error":
             self._note(f"rank {res.rank}: {message[1]}")
         elif kind == "display":
@@ -443,22 +431,3 @@ def pack_callable(func, args=(), kwargs=None) -> dict:
     lines = linecache.getlines(filename) if filename else []
     return {"payload": payload, "name": getattr(func, "__qualname__", repr(func)),
             "filename": filename, "lines": lines}
-
-
-def pack_names(values: dict | None) -> bytes | None:
-    """Serialize notebook values for ``--push`` once (not once per rank), naming any that fails."""
-    if not values:
-        return None
-    import dill
-
-    try:
-        return dill.dumps(dict(values), recurse=True)
-    except Exception:
-        pass
-    for name, value in values.items():  # find the one that cannot be sent, to name it
-        try:
-            dill.dumps(value, recurse=True)
-        except Exception as exc:
-            raise TypeError(f"nbddp: cannot push {name!r} ({type(value).__name__}) to the ranks: "
-                            f"{exc}") from None
-    raise TypeError("nbddp: the pushed values cannot be sent together")

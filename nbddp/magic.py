@@ -8,7 +8,7 @@ import shlex
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 
-from . import api, views
+from . import api, pulling, views
 from .spec import LaunchSpec, parse_line
 
 # Options that shape a job: a cell on a running pool cannot change them.
@@ -49,8 +49,9 @@ class DDPMagics(Magics):
             result = api.run(source, spec=spec, sinks=views.make_sinks(spec, self.shell),
                              check=False, push=push)
         self.shell.user_ns["_ddp"] = result
-        self._pulled(spec, result)
-        result.raise_for_status()
+        self._check_pull_ranks(spec, result)
+        result.raise_for_status()  # a failed cell pulls nothing: the notebook keeps its values
+        self.shell.user_ns.update(pulling.collect(spec.pull, result))
         return None
 
     last_cell = None
@@ -125,17 +126,12 @@ class DDPMagics(Magics):
             values[name] = self.shell.user_ns[name]
         return values
 
-    def _pulled(self, spec: LaunchSpec, result) -> None:
-        """``--pull x`` → ``x`` is a list indexed by rank; ``--pull x@0`` → rank 0's value."""
+    @staticmethod
+    def _check_pull_ranks(spec: LaunchSpec, result) -> None:
         for item in spec.pull:
             name, _, rank = item.partition("@")
-            if rank:
-                r = int(rank)
-                if not 0 <= r < result.world_size:
-                    raise UsageError(f"%%ddp: --pull {item}: rank {r} outside 0..{result.world_size - 1}")
-                self.shell.user_ns[name] = result.ranks[r].pulled.get(name)
-            else:
-                self.shell.user_ns[name] = [r.pulled.get(name) for r in result.ranks]
+            if rank and not 0 <= int(rank) < result.world_size:
+                raise UsageError(f"%%ddp: --pull {item}: rank {rank} outside 0..{result.world_size - 1}")
 
     @staticmethod
     def _check_fits_pool(spec: LaunchSpec, pool_spec: LaunchSpec) -> None:

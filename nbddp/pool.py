@@ -16,8 +16,8 @@ from dataclasses import replace
 
 from IPython.core.error import UsageError
 
-from . import diagnosis, launcher, placement
-from .launcher import INTERRUPT_GRACE_S, Launch, new_log_dir, pack_names
+from . import diagnosis, launcher, logdirs, placement, pushing
+from .launcher import INTERRUPT_GRACE_S, Launch, new_log_dir
 from .rendezvous import host_store
 from .result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, RankResult, RunResult
 from .spec import LaunchSpec, make_spec
@@ -48,7 +48,7 @@ class Pool(Launch):
         if self.state in (IDLE, BUSY):
             return self
         spec = self.spec
-        self.log_root = new_log_dir(spec.log_dir)
+        self.log_root = new_log_dir(spec.log_dir, hold=True)  # kept while the pool lives
         self.store, port = host_store(spec.master_addr, spec.master_port)
         plan = placement.plan(spec, placement.cuda_device_count(), self.base_env)
         self.backend, self.backend_note = plan.backend, plan.note
@@ -94,6 +94,7 @@ class Pool(Launch):
             launcher._live.discard(self)
         self.store = None
         self.state = STOPPED
+        logdirs.release(getattr(self, "log_root", None))
 
     def restart(self) -> "Pool":
         self.stop()
@@ -138,12 +139,11 @@ class Pool(Launch):
         bad = [r for r in targets if not 0 <= r < world]
         if bad:
             raise UsageError(f"%%ddp: --ranks {','.join(map(str, bad))} outside 0..{world - 1}")
-        payload = pack_names(push)
+        payload = pushing.pack(push)  # one shared file, read by every rank
         self.cells_run += 1
-        cell_dir = os.path.join(self.log_root, f"cell-{self.cells_run}")
-        os.makedirs(cell_dir, exist_ok=True)
+        cell_dir = logdirs.new_cell_dir(self.log_root, self.cells_run)
         cell_path = os.path.join(cell_dir, "cell.py")
-        with open(cell_path, "w") as f:
+        with open(cell_path, "w", opener=logdirs.private) as f:
             f.write(source)
         self.source = source
         self.spec = replace(self.spec, timeout=timeout)
@@ -175,6 +175,7 @@ class Pool(Launch):
             except KeyboardInterrupt:
                 self._interrupt()
         finally:
+            pushing.discard(payload)
             if self.state == BUSY:
                 self.state = IDLE if all(r.alive for r in self.ranks) else BROKEN
             if self.state == BROKEN and not self.why_broken:
@@ -207,8 +208,8 @@ class Pool(Launch):
         for rank in self.ranks:
             for log in rank.logs.values():
                 log.close()
-            rank.logs = {"stdout": open(rank.result.stdout_path, "wb"),
-                         "stderr": open(rank.result.stderr_path, "wb")}
+            rank.logs = {"stdout": open(rank.result.stdout_path, "wb", opener=logdirs.private),
+                         "stderr": open(rank.result.stderr_path, "wb", opener=logdirs.private)}
 
     # ------------------------------------------------------- Launch overrides
     def _busy(self) -> bool:

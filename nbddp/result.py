@@ -34,6 +34,7 @@ class RankResult:
     exception: dict | None = None
     value: Any = None
     pulled: dict = field(default_factory=dict)
+    pull_errors: dict = field(default_factory=dict)  # name -> why the rank could not send it
     started_at: float | None = None
     ended_at: float | None = None
     stdout_path: str | None = None

@@ -11,7 +11,7 @@ import time
 from .diagnosis import stack_complete
 from .stackwatch import SIGNAL, ask_path
 
-_ANSWER_FRAME = f'stackwatch.py", line'
+_ANSWER_FRAME = 'stackwatch.py", line'
 
 WAIT_S = 1.0
 SIGNAL_AFTER_S = 0.5  # no answer from the thread by then: ask with the signal

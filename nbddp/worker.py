@@ -18,7 +18,7 @@ import time
 import traceback
 import types
 
-from . import stackwatch
+from . import pushing, stackwatch
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
@@ -186,9 +186,7 @@ def _new_main(cell_path: str) -> types.ModuleType:
 def _exec_source(cell: dict, main: types.ModuleType, ctl) -> None:
     """Run one cell's source in ``main``: pushed names first, pulled names sent back after."""
     if cell.get("push"):
-        import dill
-
-        main.__dict__.update(dill.loads(cell["push"]))
+        main.__dict__.update(pushing.load(cell["push"]))
     source, path = cell["source"], cell["cell_path"]
     linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     exec(compile(source, path, "exec"), main.__dict__)
@@ -286,14 +284,20 @@ def _send_value(ctl, value) -> None:
 
 
 def _send_pulled(ctl, namespace: dict, names) -> None:
-    pulled = {}
-    for name in names:
-        if name in namespace:
-            pulled[name] = namespace[name]
+    """The asked names this rank has; the kernel tells missing ones from the errors sent."""
+    pulled = {name: namespace[name] for name in names if name in namespace}
     try:
         ctl.send(("pulled", pulled))
-    except Exception as exc:
-        _send(ctl, ("return_error", f"pulled values could not be sent back: {exc}"))
+        return
+    except Exception:
+        pass
+    errors = {}
+    for name, value in pulled.items():  # find the ones that cannot be sent, to name them
+        try:
+            ctl.send(("pulled", {name: value}))
+        except Exception as exc:
+            errors[name] = f"{type(value).__name__} cannot be pickled ({exc})"
+    _send(ctl, ("pulled", {}, errors))
 
 
 def _finish(ctl, code: int) -> None:

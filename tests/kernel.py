@@ -77,6 +77,8 @@ class Kernel:
                 break
         reply.elapsed = time.monotonic() - start
         shell = self.kc.get_shell_msg(timeout=10)
+        while shell["parent_header"].get("msg_id") != msg_id:  # e.g. the extra kernel_info
+            shell = self.kc.get_shell_msg(timeout=10)          # replies of a slow start
         reply.status = shell["content"]["status"]
         return reply
 
