@@ -18,7 +18,7 @@ import time
 import traceback
 import types
 
-from nbddp import stackwatch
+from nbddp import nostdin, stackwatch
 
 STATUS_DIR_VAR = "NBDDP_ELASTIC_DIR"
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
@@ -76,6 +76,7 @@ def main() -> None:
         _write(status_path, status)
         stackwatch.serve(os.path.join(status_dir, f"rank{rank}.stacks"))
     faulthandler.enable(file=sys.stderr, all_threads=True)
+    nostdin.install()
     with open(cell_path, encoding="utf-8") as f:
         source = f.read()
     linecache.cache[cell_path] = (len(source), None, source.splitlines(True), cell_path)

@@ -18,7 +18,7 @@ import time
 import traceback
 import types
 
-from . import pushing, stackwatch
+from . import nostdin, pushing, stackwatch
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
@@ -84,6 +84,7 @@ def _become_script(job: dict) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stdin = open(0, closefd=False)
+    nostdin.install()
     sys.stdout = sys.__stdout__ = _line_stream(1)
     sys.stderr = sys.__stderr__ = _line_stream(2)
     _watch_lifeline(job["lifeline"])

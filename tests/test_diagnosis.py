@@ -41,6 +41,7 @@ REAL_TEXTS = {
     "peer_closed": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
                    "Connection closed by peer [127.0.0.1]:16027. This is typically caused by a "
                    "remote worker crashing.",
+    "no_stdin": "EOF when reading a line",  # input() under --launcher torchrun (stdin /dev/null)
     "peer_reset": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read "
                   "error [127.0.0.1]:29837: Connection reset by peer. This is typically caused by "
                   "a remote worker hanging or bugs in the application.",
@@ -59,6 +60,7 @@ EXPECTED = {  # a phrase the hint for each text must contain
     "no_cuda": "gloo",
     "peer_closed": "another rank ended",
     "peer_reset": "another rank ended",
+    "no_stdin": "--push NAME",
 }
 
 

@@ -90,3 +90,12 @@ def test_pull_of_an_unpicklable_value_raises_naming_the_rank(kernel):
     reply = kernel.execute("%%ddp -n 2 --pull gen\ngen = 5\nraise ValueError('bad')")
     assert reply.error and reply.error["ename"] == "DDPError", reply.text
     kernel.ok("assert gen == 'before'")
+
+
+def test_input_in_a_rank_fails_at_once_with_the_hint(kernel):
+    reply = kernel.execute("%%ddp -n 2\nlr = float(input('learning rate? '))")
+    assert reply.error and reply.error["ename"] == "DDPError", reply.text
+    text = "\n".join(reply.error["traceback"])
+    assert "NoStdin: input('learning rate? '): ranks have no stdin" in text, text
+    assert "at cell line 2" in text and "hint (rank 0): a rank has no stdin" in text, text
+    assert "--push NAME" in text, text
