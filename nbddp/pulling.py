@@ -28,6 +28,10 @@ def collect(items, result) -> dict:
             asked = [result.ranks[int(rank)]]
         else:
             asked = [r for r in result.ranks if r.cause != NOT_TARGETED]
+        idle = [r.rank for r in asked if r.cause == NOT_TARGETED]  # x@1 on a pool --ranks 0 cell
+        if idle:
+            problems.append(f"rank {idle[0]} did not run this cell")
+            continue
         missing = [r.rank for r in asked if name not in r.pulled and name not in r.pull_errors]
         unsent = [r for r in asked if name in r.pull_errors]
         if missing:
