@@ -14,7 +14,7 @@ from .stackwatch import SIGNAL, ask_path
 _ANSWER_FRAME = 'stackwatch.py", line'
 
 WAIT_S = 1.0
-SIGNAL_AFTER_S = 0.5  # no answer from the thread by then: ask with the signal
+SIGNAL_AFTER_S = 0.5  # the thread has not begun to answer by then: ask with the signal
 
 
 def read_text(path: str) -> str:
@@ -29,26 +29,28 @@ def ask(targets, wait_s: float = WAIT_S) -> dict:
     """``targets``: (key, pid, stack file) of live ranks. Empties each file, asks each rank,
     waits (at most ``wait_s``) until every dump is complete; returns {key: dump} for the ranks
     asked."""
-    asked, signalled = [], set()
+    asked, by_thread = [], set()
     for key, pid, path in targets:
         try:
             os.truncate(path, 0)
         except OSError:
             continue  # it ended meanwhile (or never started)
         if _ask_thread(path):
-            asked.append((key, pid, path))
-        elif _signal(pid):  # no answering thread there (an older rank, or it ended)
-            signalled.add(key)
-            asked.append((key, pid, path))
+            by_thread.add(key)
+        elif not _signal(pid):  # no answering thread there (an older rank), or it ended
+            continue
+        asked.append((key, pid, path))
     start = time.monotonic()
     pending = list(asked)
     while pending and time.monotonic() - start < wait_s:
         time.sleep(0.02)
         pending = [t for t in pending if not stack_complete(read_text(t[2]))]
         if time.monotonic() - start >= SIGNAL_AFTER_S:
-            for key, pid, _ in pending:
-                if key not in signalled and _signal(pid):
-                    signalled.add(key)
+            for key, pid, path in pending:
+                # not a line yet: the thread cannot run (C code holding the GIL), so signal
+                if key in by_thread and not read_text(path):
+                    by_thread.discard(key)
+                    _signal(pid)
     if asked:
         time.sleep(0.05)  # a dump that looks complete may still be writing its next thread
     return {key: without_answering_thread(read_text(path)) for key, _, path in asked}
