@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 
 from . import api, views
+from .result import Interrupted
 from .spec import LaunchSpec, parse_line
 
 # Options that shape a job: a cell on a running pool cannot change them.
@@ -25,6 +26,14 @@ class DDPMagics(Magics):
 
     @cell_magic
     def ddp(self, line: str, cell: str):
+        try:
+            return self._ddp(line, cell)
+        except KeyboardInterrupt as exc:  # one line, not a traceback through nbddp
+            if isinstance(exc, Interrupted):
+                raise
+            raise Interrupted("nbddp: interrupted; no rank is running") from None
+
+    def _ddp(self, line: str, cell: str):
         pool = self.pool if (self.pool is not None and self.pool.state != "stopped") else None
         spec = parse_line(line, shape=pool.spec if pool is not None else None)
         if spec is None:  # -h

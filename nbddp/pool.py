@@ -45,6 +45,7 @@ class PoolRanks(Source):
         self.procs = RankProcs(on_exit=self._on_exit, on_message=self._on_message, emit=self._emit)
         self.pending: set[int] = set()
         self.peer_failed_at: float | None = None
+        self.deferred: dict[int, tuple[str, str]] = {}  # SIGINT for ranks that have not begun
         self.cell: dict | None = None
 
     def _emit(self, *args) -> None:
@@ -62,11 +63,11 @@ class PoolRanks(Source):
         warning = diagnosis.collective_warning(self.source_text, self.cell["targets"], self.pool.spec.world_size)
         if warning:
             self.note(warning)
-        self.pending, self.peer_failed_at = set(), None
+        self.pending, self.peer_failed_at, self.deferred = set(), None, {}
         targets = self.cell.pop("targets")
         for rank in self.procs.ranks:
             res = rank.result
-            rank.stop, rank.sent, rank.ended = None, set(), False
+            rank.stop, rank.sent, rank.ended, rank.began = None, set(), False, False
             if res.rank in targets and rank.alive:
                 res.state, res.started_at = RUNNING, time.time()
                 try:
@@ -85,6 +86,11 @@ class PoolRanks(Source):
         self.procs.poll(timeout)
 
     def _on_message(self, rank: Rank, message) -> None:
+        if message[0] == "began":  # the rank runs the cell: an interrupt that waited goes now
+            rank.began = True
+            if rank.result.rank in self.deferred:
+                self.procs.signal([rank], signal.SIGINT, *self.deferred.pop(rank.result.rank))
+            return
         if message[0] != "done":
             return
         self.procs.drain_now(rank)
@@ -135,8 +141,15 @@ class PoolRanks(Source):
     def signal(self, sig: int, reason: str, why: str, spare_handlers: bool = False) -> None:
         """SIGINT: the ranks still in the cell. Anything harder ends the whole pool: a rank
         that did not return from the cell leaves a process group that cannot be mended."""
-        if sig == signal.SIGINT:
-            self.procs.signal([r for r in self.procs.ranks if r.result.rank in self.pending], sig, reason, why)
+        if sig == signal.SIGINT:  # a rank that has not begun the cell yet gets it when it does
+            pending = [r for r in self.procs.ranks if r.result.rank in self.pending]
+            for rank in pending:
+                self.procs.read_ctl(rank)
+            self.procs.signal([r for r in pending if r.began], sig, reason, why)
+            for rank in pending:
+                if not rank.began and rank.result.rank in self.pending:
+                    rank.stop = rank.stop or (reason, why)
+                    self.deferred[rank.result.rank] = (reason, why)
             return
         stuck = [r for r in self.procs.ranks if r.alive and r.result.rank in self.pending]
         if not stuck or (spare_handlers and all(r.handling() for r in stuck)):
@@ -185,7 +198,12 @@ class Pool:
         self.store = None
         self.master_port = None
         self.backend_note = ""
-        self.ranks = PoolRanks(self)
+        self.source = PoolRanks(self)
+
+    @property
+    def ranks(self) -> list[Rank]:
+        """The pool's rank handles (each with its current ``result``)."""
+        return self.source.procs.ranks
 
     # --------------------------------------------------------------- lifecycle
     def start(self) -> "Pool":
@@ -206,7 +224,7 @@ class Pool:
 
     def _start(self) -> None:
         spec = self.spec
-        self.ranks = source = PoolRanks(self)
+        self.source = source = PoolRanks(self)
         self.log_root = new_log_dir(spec.log_dir)
         self.store, port = host_store(spec.master_addr, spec.master_port)
         self.master_port = port
@@ -239,9 +257,9 @@ class Pool:
 
     def stop(self) -> None:
         """End every rank (a polite 'stop' first, then signals) and release the port."""
-        with supervisor.sigint_deferred(lambda *_: self.ranks.kill_now()):  # again: no more grace
+        with supervisor.sigint_deferred(lambda *_: self.source.kill_now()):  # again: no more grace
             self.state = STOPPED
-            procs = self.ranks.procs
+            procs = self.source.procs
             for rank in procs.ranks:
                 if rank.alive and rank.ctl is not None:
                     try:
@@ -252,8 +270,8 @@ class Pool:
             while any(r.alive for r in procs.ranks) and time.monotonic() < deadline:
                 procs.poll(0.05)
             procs.close()  # SIGKILL for what is left
-            supervisor.unregister(self.ranks)
-            self.ranks = PoolRanks(self)
+            supervisor.unregister(self.source)
+            self.source = PoolRanks(self)
             self.store = None
 
     def restart(self) -> "Pool":
@@ -278,7 +296,7 @@ class Pool:
             lines.append(self.backend_note)
         if self.state == BROKEN:
             lines.append(f"broken: {self.why_broken}. Use %ddp_pool restart (or pool.restart()).")
-        for rank in self.ranks.procs.ranks:
+        for rank in self.ranks:
             alive = "alive" if rank.alive else f"ended ({rank.result.cause or rank.result.state})"
             lines.append(f"  rank {rank.result.rank}: pid {rank.result.pid}, {alive}")
         return "\n".join(lines)
@@ -304,7 +322,7 @@ class Pool:
         cell_path = os.path.join(cell_dir, "cell.py")
         with open(cell_path, "w") as f:
             f.write(source)
-        src = self.ranks
+        src = self.source
         src.source_text, src.cell_path = source, cell_path
         src.result = self._fresh_result(cell_dir)
         for rank in src.procs.ranks:
@@ -325,7 +343,7 @@ class Pool:
     def _fresh_result(self, log_dir: str) -> RunResult:
         spec = self.spec
         ranks = []
-        handles = self.ranks.procs.ranks
+        handles = self.ranks
         for r in range(spec.world_size):
             res = RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
             res.stdout_path = os.path.join(log_dir, f"rank{r}.stdout")

@@ -34,6 +34,7 @@ class Rank:
         self.started = False  # said "started": setsid done, user code may run
         self.alive = False
         self.ended = False    # reported the end of its user code (exception / exit / done)
+        self.began = False    # a pool rank: began the current cell
         self.stop = None      # (reason, why) once nbddp signalled it
         self.sent: set[int] = set()
 

@@ -238,6 +238,7 @@ def _serve(job: dict, ctl) -> int:
         try:
             try:
                 _INTERRUPT["armed"] = True
+                _send(ctl, ("began",))  # from now on SIGINT is for this cell
                 _exec_source(cell, main, ctl)
             finally:
                 _INTERRUPT["armed"] = False
