@@ -18,6 +18,8 @@ import time
 import traceback
 import types
 
+from .worker import cell_line
+
 STATUS_DIR_VAR = "NBDDP_ELASTIC_DIR"
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 LEGACY_VAR = "NBDDP_ELASTIC_LEGACY_FLAG"  # --legacy-launch: the flag torch.distributed.launch passed
@@ -55,14 +57,6 @@ def _torch_error_file(exc: BaseException, text: str) -> None:
                                                 "timestamp": str(int(time.time()))}}})
     except OSError:
         pass
-
-
-def _cell_line(tb, cell_path: str):
-    line = None
-    for frame, lineno in traceback.walk_tb(tb):
-        if frame.f_code.co_filename == cell_path:
-            line = lineno
-    return line
 
 
 def _acknowledge_sigint(path: str) -> None:
@@ -112,7 +106,7 @@ def main() -> None:
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
             status["exception"] = {"type": "SystemExit", "message": str(exc.code), "traceback": "",
-                                   "cell_line": _cell_line(exc.__traceback__, cell_path)}
+                                   "cell_line": cell_line(exc.__traceback__, cell_path)}
     except BaseException as exc:  # noqa: BLE001 - the user's error, shown as Python would
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
@@ -120,7 +114,7 @@ def main() -> None:
         text = "".join(traceback.format_exception(type(exc), exc, tb))
         sys.stderr.write(text)
         status["exception"] = {"type": type(exc).__name__, "message": str(exc),
-                               "traceback": text, "cell_line": _cell_line(tb, cell_path)}
+                               "traceback": text, "cell_line": cell_line(tb, cell_path)}
         _torch_error_file(exc, text)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     for stream in (sys.stdout, sys.stderr):

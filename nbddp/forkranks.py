@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import time
 import uuid
@@ -15,6 +16,8 @@ from .rankprocs import Rank, RankProcs
 from .rendezvous import host_store
 from .result import FAILED, KILLED, RankResult, RunResult
 from .supervisor import Source, settle
+
+FAILFAST_DELAY_S = 0.25  # torchrun's agent notices a failed worker at its next check (0.1 s)
 
 
 class ForkRanks(Source):
@@ -84,14 +87,22 @@ class ForkRanks(Source):
         self.emit("rank_exited", rank.result)
 
     def failure(self) -> str | None:
+        """Fail-fast, a moment after the first failure (as torchrun's monitor interval), so
+        ranks failing the same way at about the same time each report their own error."""
         if not self.busy():
             return None
         bad = next((r.result for r in self.procs.ranks
                     if r.stop is None and not r.alive and r.result.state in (FAILED, KILLED)), None)
-        return f"after rank {bad.rank} failed" if bad is not None else None
+        if bad is None or time.time() - bad.ended_at < FAILFAST_DELAY_S:
+            return None
+        return f"after rank {bad.rank} failed"
 
     def signal(self, sig: int, reason: str, why: str, spare_handlers: bool = False) -> None:
-        self.procs.signal([r for r in self.procs.ranks if not (spare_handlers and r.handling())],
+        """``sig`` to the live ranks; fail-fast's SIGTERM spares ranks whose cell has ended
+        already (they are exiting by themselves, with their own code), SIGKILL does not."""
+        self.procs.signal([r for r in self.procs.ranks
+                           if not (spare_handlers and r.handling())
+                           and not (reason == "failfast" and sig != signal.SIGKILL and r.ended)],
                           sig, reason, why)
 
     def handling(self) -> list[int]:

@@ -155,3 +155,27 @@ class DDPMagics(Magics):
                 raise UsageError(f"%%ddp: a pool of {pool_spec.world_size} ranks is running, so "
                                  f"--{field.replace('_', '-')} cannot change here; use --fresh for a "
                                  f"separate job, or %ddp_pool restart with new options")
+
+
+def install_interrupt_line(shell) -> None:
+    """An interrupt that lands in IPython itself while it is starting a ``%%ddp`` cell
+    (before the magic runs) also ends in one line, as inside the magic; other cells keep
+    IPython's own report. Leaves alone a shell that has a custom exception handler already."""
+    if getattr(shell, "custom_exceptions", ()) or not hasattr(shell, "set_custom_exc"):
+        return
+    current = {"cell": ""}
+
+    def remember(info=None):
+        current["cell"] = getattr(info, "raw_cell", "") or ""
+
+    def on_interrupt(self, etype, value, tb, tb_offset=None):
+        if current["cell"].lstrip().startswith("%%ddp"):
+            if not isinstance(value, Interrupted):
+                value = Interrupted("nbddp: interrupted; no rank is running")
+            self.showtraceback((Interrupted, value, None))
+        else:
+            self.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return None
+
+    shell.events.register("pre_run_cell", remember)
+    shell.set_custom_exc((KeyboardInterrupt,), on_interrupt)

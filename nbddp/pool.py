@@ -178,8 +178,13 @@ class PoolRanks(Source):
     def finish(self) -> None:
         if self.pool.state == BUSY:
             self.pool.state = IDLE if all(r.alive for r in self.procs.ranks) else BROKEN
-        if self.pool.state == BROKEN and not self.pool.why_broken:
-            self.pool.why_broken = f"a rank ended during cell {self.pool.cells_run}"
+        if self.pool.state == BROKEN:
+            if not self.pool.why_broken:
+                self.pool.why_broken = f"a rank ended during cell {self.pool.cells_run}"
+            rest = [r for r in self.procs.ranks if r.alive]  # their process group is gone
+            self.procs.signal(rest, signal.SIGKILL, "failfast", "when the pool broke")
+            for rank in rest:
+                self.procs.reap(rank)
 
 
 class Pool:

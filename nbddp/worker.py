@@ -264,11 +264,12 @@ def _exit_code(exc: SystemExit, ctl, cell_path: str) -> int:
         return exc.code & 0xFF
     print(exc.code, file=sys.stderr)
     _send(ctl, ("exception", {"type": "SystemExit", "message": str(exc.code), "traceback": "",
-                              "cell_line": _cell_line(_user_traceback(exc), cell_path)}))
+                              "cell_line": cell_line(_user_traceback(exc), cell_path)}))
     return 1
 
 
-def _cell_line(tb, cell_path: str):
+def cell_line(tb, cell_path: str):
+    """The last line of the cell in traceback ``tb`` (None when the cell is not in it)."""
     line = None
     for frame, lineno in traceback.walk_tb(tb):
         if frame.f_code.co_filename == cell_path:
@@ -292,7 +293,7 @@ def _report(ctl, exc: BaseException, cell_path: str) -> None:
     sys.stderr.write(text)
     sys.stderr.flush()
     _send(ctl, ("exception", {"type": type(exc).__name__, "message": str(exc),
-                              "traceback": text, "cell_line": _cell_line(tb, cell_path)}))
+                              "traceback": text, "cell_line": cell_line(tb, cell_path)}))
 
 
 def _chain(report):

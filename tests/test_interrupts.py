@@ -28,14 +28,10 @@ def interrupt_at(k: Kernel, code: str, offset: float, timeout: float = 30):
     time.sleep(offset)
     k.km.interrupt_kernel()
     sent = [time.monotonic()]
-
-    def again(reply):
-        pass
-
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return k.collect(msg_id, timeout=3, on_output=again), len(sent)
+            return k.collect(msg_id, timeout=3), len(sent)
         except TimeoutError:
             if time.monotonic() > deadline:
                 raise
@@ -51,6 +47,22 @@ def one_line_interrupt(reply) -> str:
     ours = [line for line in reply.text.splitlines() if not line.startswith("[rank")]
     assert not INTERNAL.search("\n".join(ours + tb)), reply.text[-3000:]
     return tb[0]
+
+
+def interrupt_when(k: Kernel, code: str, *conditions):
+    """Execute ``code``; interrupt once each of ``conditions`` (on the reply so far) holds, in
+    order. Returns the reply and the times the interrupts were sent."""
+    msg_id = k.kc.execute(code)
+    sent = []
+
+    def on_output(reply):
+        if len(sent) < len(conditions) and conditions[len(sent)](reply):
+            sent.append(time.monotonic())
+            k.km.interrupt_kernel()
+
+    reply = k.collect(msg_id, timeout=60, on_output=on_output)
+    assert len(sent) == len(conditions), reply.text
+    return reply, sent
 
 
 def info(k: Kernel):
@@ -153,15 +165,7 @@ def test_interrupt_runs_the_cells_except_and_finally_on_every_rank(kernel, where
         kernel.ok("%ddp_pool start -n 3", timeout=120)
     try:
         cell = HANDLERS if where == "fresh" else HANDLERS.replace("%%ddp -n 3", "%%ddp")
-        msg_id = kernel.kc.execute(cell)
-        sent = []
-
-        def on_output(reply):
-            if reply.stdout.count("]:in") == 3 and not sent:
-                sent.append(time.monotonic())
-                kernel.km.interrupt_kernel()
-
-        reply = kernel.collect(msg_id, timeout=60, on_output=on_output)
+        reply, sent = interrupt_when(kernel, cell, lambda reply: reply.stdout.count("]:in") == 3)
         took = time.monotonic() - sent[0]
         line = one_line_interrupt(reply)
         assert "nbddp: interrupted" in line, line
@@ -177,21 +181,13 @@ def test_interrupt_runs_the_cells_except_and_finally_on_every_rank(kernel, where
 
 
 def test_ranks_that_ignore_signals_are_still_ended_within_2_s(kernel):
-    msg_id = kernel.kc.execute("""%%ddp -n 2
+    reply, sent = interrupt_when(kernel, """%%ddp -n 2
 import os, signal
 signal.signal(signal.SIGINT, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print("PID", os.getpid(), flush=True)
 while True:
     pass
-""")
-    sent = []
-
-    def on_output(reply):
-        if reply.stdout.count("PID") == 2 and not sent:
-            sent.append(time.monotonic())
-            kernel.km.interrupt_kernel()
-
-    reply = kernel.collect(msg_id, timeout=60, on_output=on_output)
+""", lambda reply: reply.stdout.count("PID") == 2)
     took = time.monotonic() - sent[0]
     one_line_interrupt(reply)
     pids = [int(p) for p in re.findall(r"PID (\d+)", reply.stdout)]
@@ -201,7 +197,7 @@ while True:
 
 
 def test_second_interrupt_kills_a_slow_handler_at_once_and_still_reports(kernel):
-    msg_id = kernel.kc.execute("""%%ddp -n 2
+    reply, sent = interrupt_when(kernel, """%%ddp -n 2
 import os, time
 print("PID", os.getpid(), flush=True)
 try:
@@ -209,19 +205,8 @@ try:
 except KeyboardInterrupt:
     print("saving slowly", flush=True)
     time.sleep(60)
-""")
-    sent = []
-
-    def on_output(reply):
-        if reply.stdout.count("PID") == 2 and not sent:
-            sent.append(time.monotonic())
-            kernel.km.interrupt_kernel()
-        if reply.stdout.count("saving slowly") == 2 and "interrupt again" in reply.stderr and len(sent) == 1:
-            sent.append(time.monotonic())
-            kernel.km.interrupt_kernel()
-
-    reply = kernel.collect(msg_id, timeout=60, on_output=on_output)
-    assert len(sent) == 2, reply.text
+""", lambda reply: reply.stdout.count("PID") == 2,
+        lambda reply: reply.stdout.count("saving slowly") == 2 and "interrupt again" in reply.stderr)
     assert 1.5 < sent[1] - sent[0] < 5, "the handlers were given time after the first interrupt"
     assert time.monotonic() - sent[1] < 1.5, "the second interrupt kills at once"
     line = one_line_interrupt(reply)
