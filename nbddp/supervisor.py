@@ -138,7 +138,8 @@ class Supervisor:
         source.emit = self.emit
 
     # ----------------------------------------------------------------- public
-    def run(self) -> "object":
+    def run(self):
+        """Start, pump until every process has ended, close; the RunResult (or what start raised)."""
         source = self.source
         error = None
         with self._sigint_as_flag():
@@ -147,13 +148,12 @@ class Supervisor:
                 self.state = STARTING
                 try:
                     source.start()
-                except BaseException as exc:  # noqa: BLE001 - raised again once all is ended
-                    error = exc
-                    source.kill_now()
-                else:
                     self.state = RUNNING
                     self.last_output = time.monotonic()
                     self._loop()
+                except BaseException as exc:  # noqa: BLE001 - raised again once all is ended
+                    error = exc  # (a start that failed, or a view that raised)
+                    source.kill_now()
                 self.state = CLOSING
                 source.close()
                 if error is None:
@@ -161,18 +161,24 @@ class Supervisor:
             finally:
                 if not source.persistent or error is not None:
                     unregister(source)
-                self.state = DONE
+            if error is None:
+                self._report()
+            self.state = DONE
         if error is not None:
             raise error
-        result = source.result
+        if self.interrupts:  # one that came while the report was shown
+            source.result.interrupted = True
+        return source.result
+
+    def _report(self) -> None:
+        result = self.source.result
         if self.interrupts:  # also one that came as the last rank ended, or while closing
             result.interrupted = True
         if result.interrupted:
-            source.note(source.interrupted_note)
+            self.source.note(self.source.interrupted_note)
         result.ended_at = time.time()
         diagnosis.add_hints(result)
         self.emit("launch_finished", result)
-        return result
 
     # ------------------------------------------------------------------- loop
     def _loop(self) -> None:
