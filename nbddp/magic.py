@@ -3,12 +3,13 @@ runs the cell (fresh job, or on the running pool), stores the result as ``_ddp``
 ``--push``/``--pull`` values, and raises if any rank failed."""
 from __future__ import annotations
 
+import inspect
 import shlex
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 
-from . import api, views
+from . import api, supervisor, views
 from .result import Interrupted
 from .spec import LaunchSpec, parse_line
 
@@ -157,25 +158,29 @@ class DDPMagics(Magics):
                                  f"separate job, or %ddp_pool restart with new options")
 
 
+
 def install_interrupt_line(shell) -> None:
-    """An interrupt that lands in IPython itself while it is starting a ``%%ddp`` cell
-    (before the magic runs) also ends in one line, as inside the magic; other cells keep
-    IPython's own report. Leaves alone a shell that has a custom exception handler already."""
-    if getattr(shell, "custom_exceptions", ()) or not hasattr(shell, "set_custom_exc"):
+    """From the moment the kernel takes a ``%%ddp`` cell, the stop button is counted, not
+    raised (nbddp.supervisor.early_sigint): the launch then stops its ranks as for any
+    interrupt and the cell ends in one line, however early the interrupt came (even while
+    IPython is still transforming the cell). Other cells keep Python's own KeyboardInterrupt."""
+    kernel = getattr(shell, "kernel", None)
+    original = getattr(kernel, "do_execute", None)
+    if original is None or getattr(original, "_nbddp", False):
         return
-    current = {"cell": ""}
 
-    def remember(info=None):
-        current["cell"] = getattr(info, "raw_cell", "") or ""
+    async def do_execute(code, *args, **kwargs):
+        installed = False
+        if isinstance(code, str) and code.lstrip().startswith("%%ddp"):
+            installed = supervisor.defer_sigint_early()
+        try:
+            reply = original(code, *args, **kwargs)
+            if inspect.isawaitable(reply):
+                reply = await reply
+            return reply
+        finally:
+            if installed:
+                supervisor.restore_sigint_early()
 
-    def on_interrupt(self, etype, value, tb, tb_offset=None):
-        if current["cell"].lstrip().startswith("%%ddp"):
-            if not isinstance(value, Interrupted):
-                value = Interrupted("nbddp: interrupted; no rank is running")
-            self.showtraceback((Interrupted, value, None))
-        else:
-            self.showtraceback((etype, value, tb), tb_offset=tb_offset)
-        return None
-
-    shell.events.register("pre_run_cell", remember)
-    shell.set_custom_exc((KeyboardInterrupt,), on_interrupt)
+    do_execute._nbddp = True
+    kernel.do_execute = do_execute

@@ -143,6 +143,7 @@ class Supervisor:
         source = self.source
         error = None
         with self._sigint_as_flag():
+            self.interrupts, _early["count"] = self.interrupts + _early["count"], 0  # came before
             register(source)
             try:
                 self.state = STARTING
@@ -275,6 +276,31 @@ class Supervisor:
             handler = getattr(sink, event, None)
             if handler is not None:
                 handler(*args)
+
+
+_early = {"count": 0, "previous": None}
+
+
+def _count_early(signum, frame):
+    _early["count"] += 1
+
+
+def defer_sigint_early() -> bool:
+    """Count SIGINTs from now on, for the next launch to act on (the kernel has begun a
+    %%ddp cell; see nbddp/magic.py). False where SIGINT is not Python's default handler."""
+    try:
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return False
+        _early["count"], _early["previous"] = 0, signal.signal(signal.SIGINT, _count_early)
+        return True
+    except ValueError:
+        return False
+
+
+def restore_sigint_early() -> None:
+    _early["count"] = 0
+    if signal.getsignal(signal.SIGINT) is _count_early:
+        signal.signal(signal.SIGINT, _early["previous"])
 
 
 @contextmanager

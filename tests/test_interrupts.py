@@ -22,7 +22,7 @@ INTERNAL = re.compile(r"nbddp/\w+\.py|KeyError|ValueError|EOFError|is not regist
 
 
 def interrupt_at(k: Kernel, code: str, offset: float, timeout: float = 30):
-    """Execute ``code``, interrupt it ``offset`` s later; again every 3 s if the first one
+    """Execute ``code``, interrupt it ``offset`` s later; again every 5 s if the first one
     came before the kernel began the cell (ipykernel ignores SIGINT while idle)."""
     msg_id = k.kc.execute(code)
     time.sleep(offset)
@@ -31,7 +31,7 @@ def interrupt_at(k: Kernel, code: str, offset: float, timeout: float = 30):
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return k.collect(msg_id, timeout=3), len(sent)
+            return k.collect(msg_id, timeout=5), len(sent)
         except TimeoutError:
             if time.monotonic() > deadline:
                 raise
