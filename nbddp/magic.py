@@ -160,27 +160,34 @@ class DDPMagics(Magics):
 
 
 def install_interrupt_line(shell) -> None:
-    """From the moment the kernel takes a ``%%ddp`` cell, the stop button is counted, not
-    raised (nbddp.supervisor.early_sigint): the launch then stops its ranks as for any
-    interrupt and the cell ends in one line, however early the interrupt came (even while
-    IPython is still transforming the cell). Other cells keep Python's own KeyboardInterrupt."""
+    """From the moment the kernel takes a message, the stop button is counted, not raised
+    (nbddp.supervisor.defer_sigint_early); a ``%%ddp`` cell hands the count to its launch, which
+    stops its ranks as for any interrupt, so the cell ends in one line however early the
+    interrupt came (even before IPython has parsed the cell). Any other cell gets its interrupt
+    back at once as Python's own KeyboardInterrupt."""
     kernel = getattr(shell, "kernel", None)
-    original = getattr(kernel, "do_execute", None)
-    if original is None or getattr(original, "_nbddp", False):
+    original_pre = getattr(kernel, "pre_handler_hook", None)
+    original_exec = getattr(kernel, "do_execute", None)
+    if original_pre is None or original_exec is None or getattr(original_exec, "_nbddp", False):
         return
 
+    def pre_handler_hook():
+        original_pre()
+        supervisor.defer_sigint_early()
+
     async def do_execute(code, *args, **kwargs):
-        installed = False
-        if isinstance(code, str) and code.lstrip().startswith("%%ddp"):
-            installed = supervisor.defer_sigint_early()
+        ours = isinstance(code, str) and code.lstrip().startswith("%%ddp")
+        if not ours:
+            supervisor.restore_sigint_early(redeliver=True)
         try:
-            reply = original(code, *args, **kwargs)
+            reply = original_exec(code, *args, **kwargs)
             if inspect.isawaitable(reply):
                 reply = await reply
             return reply
         finally:
-            if installed:
+            if ours:
                 supervisor.restore_sigint_early()
 
     do_execute._nbddp = True
+    kernel.pre_handler_hook = pre_handler_hook
     kernel.do_execute = do_execute

@@ -15,6 +15,7 @@ is always ended, no nbddp-internal error escapes, and the launch always leaves t
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import threading
 import time
@@ -286,8 +287,8 @@ def _count_early(signum, frame):
 
 
 def defer_sigint_early() -> bool:
-    """Count SIGINTs from now on, for the next launch to act on (the kernel has begun a
-    %%ddp cell; see nbddp/magic.py). False where SIGINT is not Python's default handler."""
+    """Count SIGINTs from now on, for the next launch to act on (the kernel has taken a
+    message; see nbddp/magic.py). False where SIGINT is not Python's default handler."""
     try:
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             return False
@@ -297,10 +298,16 @@ def defer_sigint_early() -> bool:
         return False
 
 
-def restore_sigint_early() -> None:
-    _early["count"] = 0
-    if signal.getsignal(signal.SIGINT) is _count_early:
-        signal.signal(signal.SIGINT, _early["previous"])
+def restore_sigint_early(redeliver: bool = False) -> None:
+    """Python's handler again; with ``redeliver``, an interrupt counted meanwhile is raised now."""
+    count, _early["count"] = _early["count"], 0
+    try:
+        if signal.getsignal(signal.SIGINT) is _count_early:
+            signal.signal(signal.SIGINT, _early["previous"])
+    except ValueError:
+        return
+    if redeliver and count:
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 @contextmanager
