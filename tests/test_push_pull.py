@@ -97,5 +97,5 @@ def test_input_in_a_rank_fails_at_once_with_the_hint(kernel):
     assert reply.error and reply.error["ename"] == "DDPError", reply.text
     text = "\n".join(reply.error["traceback"])
     assert "NoStdin: input('learning rate? '): ranks have no stdin" in text, text
-    assert "at cell line 2" in text and "hint (rank 0): a rank has no stdin" in text, text
+    assert "at cell line 2" in text and "): a rank has no stdin" in text, text  # either rank first
     assert "--push NAME" in text, text
