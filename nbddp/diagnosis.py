@@ -209,6 +209,9 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "collective with it: every rank must make the same collective calls, in the same order and "
      "with the same shapes (--env TORCH_DISTRIBUTED_DEBUG=DETAIL checks that); if a rank failed, "
      "its error comes first."),
+    (re.compile(r"ranks have no stdin|EOF when reading a line"),
+     "a rank has no stdin (the notebook cannot answer input() in four processes): define the "
+     "value in the notebook and pass it with --push NAME, or read it from a file."),
     (re.compile(r"timed out.*(collective|wait|store)|Socket Timeout|Timed out waiting", re.I),
      "a rank never reached the matching collective (or rendezvous); check for collectives inside "
      "`if rank == 0:` and for ranks that exited early."),

@@ -2,63 +2,42 @@
 TCPStore itself (ranks see TORCHELASTIC_USE_AGENT_STORE=True), so a free port is bound with no
 race and a port already in use is reported before any rank starts.
 
-Where ranks reach the master address over IPv4 (it has no IPv6 address, as ``localhost`` where
-/etc/hosts lists only 127.0.0.1), the store listens on an IPv4 socket nbddp binds itself, not on
-torch's dual-stack ``::`` socket: torch names every accepted peer with
-``getnameinfo()`` without ``NI_NUMERICHOST``, and for a dual-stack socket the peer is
-``::ffff:127.0.0.1``, which no ``/etc/hosts`` lists, so each rank's connection cost a DNS query
-in the store's single server thread; where the DNS server drops a packet that is glibc's 5 s
-resolver timeout, and every rank of the launch waits it out. With an IPv4 socket the peer is
-``127.0.0.1`` (``localhost`` in ``/etc/hosts``): no query. README "Benchmarks" has the evidence.
+nbddp binds the store's listening socket itself, for two reasons:
+
+- The store has no authentication, so when the master address is local (``localhost``,
+  ``127.0.0.1``, ``::1``: every rank is on this machine) the socket is bound to that loopback
+  address: nobody on the network can reach it. A non-local ``--master-addr`` (other nodes must
+  connect) listens on every interface, as torch's own listener does.
+- Where ranks reach the master over IPv4 (the name has no IPv6 address, as ``localhost`` where
+  /etc/hosts lists only 127.0.0.1), the socket is an IPv4 one, not torch's dual-stack ``::``:
+  torch names every accepted peer with ``getnameinfo()`` without ``NI_NUMERICHOST``, and on a
+  dual-stack socket the peer is ``::ffff:127.0.0.1``, which no ``/etc/hosts`` lists, so each
+  rank's connection cost a DNS query in the store's single server thread; where the DNS server
+  drops a packet that is glibc's 5 s resolver timeout, and every rank of the launch waits it
+  out. On an IPv4 socket the peer is ``127.0.0.1``: no query. README "Benchmarks" has the
+  evidence.
 """
 from __future__ import annotations
 
 import functools
+import ipaddress
 import socket
 from datetime import timedelta
 
 from IPython.core.error import UsageError
 
 
-@functools.lru_cache(maxsize=32)  # a launch must not add a name lookup of its own
-def reaches_over_ipv4(master_addr: str) -> bool:
-    """Whether torch's client will reach ``master_addr`` over IPv4: it resolves the name for
-    IPv6 with v4-mapped results and connects to the first address; a v4-mapped one
-    (``::ffff:a.b.c.d``) means the name has no IPv6 address. Where it has one (``::1
-    localhost`` in /etc/hosts), ranks connect over IPv6 and torch's own listener serves them."""
-    try:
-        found = socket.getaddrinfo(master_addr, None, socket.AF_INET6, socket.SOCK_STREAM, 0,
-                                   socket.AI_V4MAPPED | socket.AI_ALL)
-    except (OSError, AttributeError):  # AttributeError: no AI_V4MAPPED on this platform
-        return False
-    return bool(found) and found[0][4][0].startswith("::ffff:")
-
-
-def _ipv4_listener(master_addr: str, port: int | None) -> socket.socket | None:
-    """A bound IPv4 socket on all interfaces (as torch's own listener), or None where ranks
-    will not come over IPv4 (torch's dual-stack listener is used then)."""
-    if not reaches_over_ipv4(master_addr):
-        return None
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's listener does
-        sock.bind(("0.0.0.0", port or 0))
-    except OSError as exc:
-        sock.close()
-        raise RuntimeError(str(exc)) from None
-    return sock
-
-
 def host_store(master_addr: str, port: int | None, timeout_s: float = 1800.0):
     """Start a TCPStore server; returns (store, port). ``port=None`` picks a free one."""
+    listener = None
     try:
-        listener = _ipv4_listener(master_addr, port)
-        store = None
-        if listener is not None:
-            store = _store_on(listener, master_addr, timeout_s)
+        listener = _listener(master_addr, port or 0)
+        store = _store_on(listener, master_addr, timeout_s) if listener is not None else None
         if store is None:
             store = _store_on(None, master_addr, timeout_s, port or 0)
     except (RuntimeError, OSError) as exc:
+        if listener is not None and listener.fileno() >= 0:
+            listener.close()
         text = str(exc)
         if port and ("EADDRINUSE" in text or "address already in use" in text.lower()):
             raise UsageError(  # IPython shows a UsageError (exactly that class) as one line
@@ -70,6 +49,65 @@ def host_store(master_addr: str, port: int | None, timeout_s: float = 1800.0):
     return store, store.port
 
 
+def _listener(master_addr: str, port: int) -> socket.socket | None:
+    """The socket nbddp binds for the store, or None where torch's own listener serves."""
+    sock = loopback_socket(master_addr, port)
+    return sock if sock is not None else _ipv4_listener(master_addr, port)
+
+
+def loopback_socket(master_addr: str, port: int) -> socket.socket | None:
+    """A listening socket on the loopback address the ranks will connect to first, or None
+    where ``master_addr`` is not (only) loopback."""
+    try:
+        found = socket.getaddrinfo(master_addr, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    except socket.gaierror:
+        return None
+    if not found or not all(_is_loopback(info[4][0]) for info in found):
+        return None
+    family, kind, proto, _, address = found[0]  # the address c10d's client tries first
+    return _bound(socket.socket(family, kind, proto), address)
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+@functools.lru_cache(maxsize=32)  # a launch must not add a name lookup of its own
+def reaches_over_ipv4(master_addr: str) -> bool:
+    """Whether torch's client will reach ``master_addr`` over IPv4: it resolves the name for
+    IPv6 with v4-mapped results and connects to the first address; a v4-mapped one
+    (``::ffff:a.b.c.d``) means the name has no IPv6 address. Where it has one, ranks connect
+    over IPv6 and torch's own dual-stack listener serves them."""
+    try:
+        found = socket.getaddrinfo(master_addr, None, socket.AF_INET6, socket.SOCK_STREAM, 0,
+                                   socket.AI_V4MAPPED | socket.AI_ALL)
+    except (OSError, AttributeError):  # AttributeError: no AI_V4MAPPED on this platform
+        return False
+    return bool(found) and found[0][4][0].startswith("::ffff:")
+
+
+def _ipv4_listener(master_addr: str, port: int) -> socket.socket | None:
+    """A listening IPv4 socket on all interfaces (as torch's own listener, for other nodes),
+    or None where ranks will not come over IPv4."""
+    if not reaches_over_ipv4(master_addr):
+        return None
+    return _bound(socket.socket(socket.AF_INET, socket.SOCK_STREAM), ("0.0.0.0", port))
+
+
+def _bound(sock: socket.socket, address) -> socket.socket:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own server
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _store_on(listener, master_addr: str, timeout_s: float, port: int = 0):
     """The TCPStore server, on ``listener`` (it then owns the socket) or on torch's own.
     None where this torch cannot take a listening socket (``master_listen_fd`` came in 2.4)."""
@@ -78,14 +116,12 @@ def _store_on(listener, master_addr: str, timeout_s: float, port: int = 0):
     if listener is None:
         return TCPStore(master_addr, port, None, True, timedelta(seconds=timeout_s),
                         wait_for_workers=False)
-    port = listener.getsockname()[1]
     try:
-        store = TCPStore(master_addr, port, None, True, timedelta(seconds=timeout_s),
-                         wait_for_workers=False, master_listen_fd=listener.fileno())
+        store = TCPStore(master_addr, listener.getsockname()[1], None, True,
+                         timedelta(seconds=timeout_s), wait_for_workers=False,
+                         master_listen_fd=listener.fileno())
     except TypeError:  # no master_listen_fd here: the socket is still ours
         listener.close()
         return None
-    finally:
-        if listener.fileno() != -1:
-            listener.detach()  # torch owns the descriptor now (it closes it with the store)
+    listener.detach()  # the store owns the descriptor now (and closes it when it ends)
     return store

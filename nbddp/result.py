@@ -34,6 +34,7 @@ class RankResult:
     exception: dict | None = None
     value: Any = None
     pulled: dict = field(default_factory=dict)
+    pull_errors: dict = field(default_factory=dict)  # name -> why the rank could not send it
     started_at: float | None = None
     ended_at: float | None = None
     stdout_path: str | None = None
@@ -142,7 +143,8 @@ class RunResult:
         if self.ok:
             return self
         if self.interrupted:
-            raise KeyboardInterrupt("nbddp: launch interrupted; all ranks were stopped")
+            raise Interrupted("nbddp: " + next((n for n in reversed(self.notes) if n.startswith("interrupted")),
+                                               "interrupted: all ranks were stopped"))
         raise (DDPTimeout if self.timed_out else DDPError)(self)
 
 
@@ -150,6 +152,18 @@ def _ranges(ranks: list[str]) -> str:
     from .summary import ranges
 
     return ranges(int(r) for r in ranks)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The stop button ended a launch: a KeyboardInterrupt that IPython shows as one line
+    (``KeyboardInterrupt: nbddp: interrupted: all ranks were stopped``), not a traceback
+    through nbddp; the per-rank report was shown above it and is in ``_ddp``."""
+
+    def _render_traceback_(self):
+        return [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: {self}"]
+
+
+Interrupted.__name__ = "KeyboardInterrupt"  # what Jupyter names the error (ename), as for any interrupt
 
 
 class DDPError(RuntimeError):

@@ -18,7 +18,7 @@ import time
 import traceback
 import types
 
-from . import user_rendezvous
+from . import nostdin, pushing, stackwatch, user_rendezvous
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
@@ -36,7 +36,9 @@ def entry(job: dict) -> None:
     """Process target: set up, run, report, exit. Never returns."""
     ctl = job["ctl"]
     code = 1
-    os.setsid()  # own process group: the launcher ends the rank and all it started at once
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the cell runs (_become_script)
+    if os.getsid(0) != os.getpid():  # a spawned rank starts in a session of its own already
+        os.setsid()  # own process group: the launcher ends the rank and all it started at once
     if job.pop("spare", False):
         _set_name(b"nbddp-spare")
         _send(ctl, ("ready",))
@@ -84,16 +86,14 @@ def _become_script(job: dict) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     sys.stdin = open(0, closefd=False)
+    nostdin.install()
     sys.stdout = sys.__stdout__ = _line_stream(1)
     sys.stderr = sys.__stderr__ = _line_stream(2)
     _watch_lifeline(job["lifeline"])
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    # append mode: the launcher truncates the file before each request, and a plain "w" offset
-    # would put the next dump after a hole of NUL bytes
-    stack_file = open(job["stack_path"], "a")
-    job["_stack_file"] = stack_file
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    job["_stack_file"] = stackwatch.serve(job["stack_path"])  # stacks on request, no signal
+    _INTERRUPT.update(armed=True, ack=job.get("sigint_path", ""))
+    signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.clear()
     os.environ.update(job["env"])
@@ -108,6 +108,23 @@ def _become_script(job: dict) -> None:
         forget(job["forget"])
     atexit._clear()  # handlers inherited from the forkserver are not the script's
     _install_display(job["ctl"])
+
+
+_INTERRUPT = {"armed": False, "ack": ""}
+
+
+def _on_sigint(signum, frame):
+    """SIGINT while the cell runs: KeyboardInterrupt, as Python raises it, after leaving a mark
+    that says Python code got it, so the launcher lets the cell's own except/finally finish
+    (a rank stuck in C, or ignoring SIGINT, leaves no mark and is ended within 2 s). A file,
+    not a message: the control pipe may be in the middle of a message right now."""
+    if not _INTERRUPT["armed"]:
+        return  # a pool rank between cells: the interrupt was for the cell that just ended
+    try:
+        os.close(os.open(_INTERRUPT["ack"], os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError:
+        pass
+    raise KeyboardInterrupt
 
 
 def _install_display(ctl) -> None:
@@ -178,7 +195,7 @@ def _run(job: dict, ctl) -> int:
             _exec_source(job, main, ctl)
         return 0
     except SystemExit as exc:
-        return _exit_code(exc)
+        return _exit_code(exc, ctl, job["cell_path"])
     except BaseException as exc:  # the user's error: print like Python would, and report it
         _report(ctl, exc, job["cell_path"])
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
@@ -195,9 +212,7 @@ def _new_main(cell_path: str) -> types.ModuleType:
 def _exec_source(cell: dict, main: types.ModuleType, ctl) -> None:
     """Run one cell's source in ``main``: pushed names first, pulled names sent back after."""
     if cell.get("push"):
-        import dill
-
-        main.__dict__.update(dill.loads(cell["push"]))
+        main.__dict__.update(pushing.load(cell["push"]))
     source, path = cell["source"], cell["cell_path"]
     linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     exec(compile(source, path, "exec"), main.__dict__)
@@ -211,13 +226,7 @@ def _serve(job: dict, ctl) -> int:
     SIGINT raises KeyboardInterrupt only while a cell runs; one that arrives between cells (it
     was meant for the cell that just ended) is ignored, so it cannot break the control pipe."""
     main = _new_main(job["cell_path"])
-    state = {"in_cell": False}
-
-    def on_sigint(signum, frame):
-        if state["in_cell"]:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)
+    _INTERRUPT["armed"] = False
     while True:
         try:
             message = ctl.recv()
@@ -230,12 +239,13 @@ def _serve(job: dict, ctl) -> int:
         status = "ok"
         try:
             try:
-                state["in_cell"] = True
+                _INTERRUPT["armed"] = True
+                _send(ctl, ("began",))  # from now on SIGINT is for this cell
                 _exec_source(cell, main, ctl)
             finally:
-                state["in_cell"] = False
+                _INTERRUPT["armed"] = False
         except SystemExit as exc:  # leaving a pool rank ends that worker, as in a script
-            return _exit_code(exc)
+            return _exit_code(exc, ctl, cell["cell_path"])
         except BaseException as exc:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
             _report(ctl, exc, cell["cell_path"])
@@ -247,13 +257,26 @@ def _serve(job: dict, ctl) -> int:
         _send(ctl, ("done", status))
 
 
-def _exit_code(exc: SystemExit) -> int:
+def _exit_code(exc: SystemExit, ctl, cell_path: str) -> int:
+    """As Python exits on SystemExit; a message (``sys.exit("fatal: ...")``) is printed and
+    reported, so the failure names it."""
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):
-        return exc.code & 0xFF if exc.code >= 0 else exc.code & 0xFF
+        return exc.code & 0xFF
     print(exc.code, file=sys.stderr)
+    _send(ctl, ("exception", {"type": "SystemExit", "message": str(exc.code), "traceback": "",
+                              "cell_line": cell_line(_user_traceback(exc), cell_path)}))
     return 1
+
+
+def cell_line(tb, cell_path: str):
+    """The last line of the cell in traceback ``tb`` (None when the cell is not in it)."""
+    line = None
+    for frame, lineno in traceback.walk_tb(tb):
+        if frame.f_code.co_filename == cell_path:
+            line = lineno
+    return line
 
 
 def _user_traceback(exc: BaseException):
@@ -271,12 +294,8 @@ def _report(ctl, exc: BaseException, cell_path: str) -> None:
     text = "".join(report.format())
     sys.stderr.write(text)
     sys.stderr.flush()
-    line = None
-    for frame, lineno in traceback.walk_tb(tb):
-        if frame.f_code.co_filename == cell_path:
-            line = lineno
     _send(ctl, ("exception", {"type": type(exc).__name__, "message": str(exc),
-                              "traceback": text, "cell_line": line}))
+                              "traceback": text, "cell_line": cell_line(tb, cell_path)}))
 
 
 def _chain(report):
@@ -295,14 +314,20 @@ def _send_value(ctl, value) -> None:
 
 
 def _send_pulled(ctl, namespace: dict, names) -> None:
-    pulled = {}
-    for name in names:
-        if name in namespace:
-            pulled[name] = namespace[name]
+    """The asked names this rank has; the kernel tells missing ones from the errors sent."""
+    pulled = {name: namespace[name] for name in names if name in namespace}
     try:
         ctl.send(("pulled", pulled))
-    except Exception as exc:
-        _send(ctl, ("return_error", f"pulled values could not be sent back: {exc}"))
+        return
+    except Exception:
+        pass
+    errors = {}
+    for name, value in pulled.items():  # find the ones that cannot be sent, to name them
+        try:
+            ctl.send(("pulled", {name: value}))
+        except Exception as exc:
+            errors[name] = f"{type(value).__name__} cannot be pickled ({exc})"
+    _send(ctl, ("pulled", {}, errors))
 
 
 def _finish(ctl, code: int) -> None:

@@ -41,6 +41,7 @@ REAL_TEXTS = {
     "peer_closed": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
                    "Connection closed by peer [127.0.0.1]:16027. This is typically caused by a "
                    "remote worker crashing.",
+    "no_stdin": "EOF when reading a line",  # input() under --launcher torchrun (stdin /dev/null)
     "peer_reset": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read "
                   "error [127.0.0.1]:29837: Connection reset by peer. This is typically caused by "
                   "a remote worker hanging or bugs in the application.",
@@ -68,6 +69,7 @@ EXPECTED = {  # a phrase the hint for each text must contain
     "own_port": "rank 0 hosts the rendezvous store",
     "own_addr": "runs on this machine",
     "own_size": "ranks that never come",
+    "no_stdin": "--push NAME",
 }
 
 
@@ -295,3 +297,32 @@ def test_second_stack_collection_has_no_nul_hole():
     for r in result.ranks:
         assert r.stack and "\0" not in r.stack, repr((r.stack or "")[:80])
         assert r.stack.startswith("Thread 0x"), repr(r.stack[:80])
+
+
+STACKS_UNDISTURBED = """import ctypes, os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+libc = ctypes.CDLL(None, use_errno=True)
+class timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+if dist.get_rank() == 0:
+    dist.all_reduce(torch.ones(1))
+while True:  # as c10d's retry sleep: C code that a signal would cut short with EINTR
+    if libc.nanosleep(ctypes.byref(timespec(0, 100_000_000)), None) != 0:
+        print("nanosleep:", os.strerror(ctypes.get_errno()), flush=True)
+"""
+
+
+def test_stacks_are_read_without_interrupting_system_calls(kernel):
+    """--timeout and the idle warning ask for stacks; a signal interrupted the ranks' system calls
+    (c10d printed "Interrupted system call" and its C++ frames). Asked through the rank's own
+    thread, nothing in the rank is disturbed and the report still names each rank's line."""
+    reply = kernel.execute(f"%%ddp -n 2 --timeout 10 --idle-warning 4 --output text\n{STACKS_UNDISTURBED}",
+                           timeout=120)
+    assert reply.error and reply.error["ename"] == "DDPTimeout", reply.text[-2000:]
+    out = kernel.ok("r = _ddp\nprint([x.blocked_at for x in r.ranks])\n"
+                    "print('OUTPUT', repr(''.join(x.stdout + x.stderr for x in r.ranks)))\n"
+                    "print('NOTES', r.notes)").stdout
+    assert "cell line 8: dist.all_reduce(torch.ones(1)) (in all_reduce)" in out, out
+    assert "cell line 10: if libc.nanosleep(" in out, out
+    assert "no output from any rank" in out, out  # the idle warning asked too
+    assert "Interrupted system call" not in out + reply.text and "frame #" not in out, out
