@@ -33,7 +33,14 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(DDPMagics)
     install_interrupt_line(ipython)
     starter.warm_up()
+    # the next cells wait for that background import of torch instead of racing it
+    ipython.events.register("pre_run_cell", starter.wait_for_torch)
 
 
 def unload_ipython_extension(ipython) -> None:
-    pass
+    from . import starter
+
+    try:
+        ipython.events.unregister("pre_run_cell", starter.wait_for_torch)
+    except ValueError:
+        pass

@@ -118,9 +118,18 @@ def start_all(processes) -> None:
         raise errors[0]
 
 
+_torch_ready = threading.Event()
+_torch_ready.set()  # nothing to wait for until warm_up() starts importing torch in the background
+
+
 def warm_up() -> threading.Thread:
     """Start the forkserver (and import torch here, for the rendezvous store) in the background,
-    so the first cell does not pay for it while the user is still typing."""
+    so the first cell does not pay for it while the user is still typing. Until that import
+    has finished, the next cell waits for it (``wait_for_torch``, an IPython pre_run_cell
+    hook) instead of importing torch at the same time: two threads importing torch's nested
+    packages at once can fail or abort the kernel (pytorch/pytorch#182560; seen here as
+    "terminate called after throwing an instance of 'python_error'")."""
+    import sys
 
     def work():
         try:
@@ -129,7 +138,20 @@ def warm_up() -> threading.Thread:
             import torch.distributed  # noqa: F401 - the launcher hosts a TCPStore
         except Exception:
             pass  # the first launch will start it and report any real problem
+        finally:
+            _torch_ready.set()
 
+    if "torch.distributed" not in sys.modules:
+        _torch_ready.clear()
     thread = threading.Thread(target=work, name="nbddp-warm-up", daemon=True)
     thread.start()
     return thread
+
+
+def wait_for_torch(*_args) -> None:
+    """Block until the background import of torch (``warm_up``) has finished; at once after.
+    The stop button while it waits ends the wait only (the cell then runs as it would have)."""
+    try:
+        _torch_ready.wait()
+    except KeyboardInterrupt:
+        pass

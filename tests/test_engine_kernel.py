@@ -203,3 +203,20 @@ def test_omp_threads_is_one_like_torchrun(kernel):
 def test_spawn_start_method(kernel):
     reply = kernel.ok(MAIN_CELL.replace("-n 4", "-n 2 --start-method spawn"), timeout=180)
     assert "[rank1]:1 1 1.0\n" in reply.stdout, reply.text
+
+
+
+def test_the_cell_after_load_ext_waits_for_the_background_torch_import(tmp_path):
+    """%load_ext returns at once and imports torch in a thread; the next cell must not import
+    torch at the same time (two threads in torch's nested imports can abort the kernel), so it
+    starts only once that import is done."""
+    from kernel import Kernel
+
+    k = Kernel(cwd=str(tmp_path))
+    try:
+        k.ok("%load_ext nbddp")
+        reply = k.ok("import sys\nprint('torch.distributed' in sys.modules)")
+        assert reply.stdout.strip() == "True", reply.text
+        k.ok("import torch, torch.distributed as dist\nprint(torch.ones(2).sum().item())")
+    finally:
+        k.shutdown()
