@@ -31,17 +31,17 @@ def _wrap(owner, name, label):
 
 
 def install() -> None:
-    from nbddp import api, launcher, spares, views
+    from nbddp import api, forkranks, launcher, rankprocs, spares, supervisor, views
 
     _wrap(api, "compile_cell", "compile")
     _wrap(views, "make_sinks", "sinks")
-    _wrap(launcher, "host_store", "store")
+    _wrap(forkranks, "host_store", "store")
     _wrap(launcher, "new_log_dir", "logdir")
-    _wrap(launcher.Launch, "_start_all", "start_all")
+    _wrap(rankprocs.RankProcs, "start", "start_all")
     _wrap(spares, "take", "take_spares")      # ranks forked after the last cell, ready
-    _wrap(launcher.Launch, "_pump", "pump")
-    _wrap(launcher.Launch, "_cleanup", "cleanup")
-    _wrap(launcher.Launch, "_emit", "emit")  # every event to every sink (the output path)
+    _wrap(supervisor.Supervisor, "_loop", "pump")
+    _wrap(forkranks.ForkRanks, "close", "cleanup")
+    _wrap(supervisor.Supervisor, "emit", "emit")  # every event to every sink (the output path)
 
 
 def reset() -> None:

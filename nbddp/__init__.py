@@ -28,9 +28,10 @@ def backend() -> str:
 
 def load_ipython_extension(ipython) -> None:
     from . import starter
-    from .magic import DDPMagics
+    from .magic import DDPMagics, install_interrupt_line
 
     ipython.register_magics(DDPMagics)
+    install_interrupt_line(ipython)
     starter.warm_up()
 
 

@@ -13,7 +13,6 @@ which leaves its pid, exception and exit code in a status file.
 """
 from __future__ import annotations
 
-import atexit
 import glob
 import json
 import math
@@ -24,37 +23,21 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 from IPython.core.error import UsageError
 
-from . import diagnosis, placement, stacks
+from . import diagnosis, placement
 from .elastic_rank import LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from .envvars import legacy_flag
 from .launcher import new_log_dir
-from .result import (FAILED, INTERRUPTED, KILLED, OK, RUNNING, TERMINATED, TIMED_OUT, RankResult,
-                     RunResult)
+from .result import FAILED, KILLED, RUNNING, TERMINATED, RankResult, RunResult
 from .spec import LaunchSpec
+from .supervisor import Source, Supervisor, ended_by_nbddp, settle, stopped_state
 
-TERM_GRACE_S = 2.0
-INTERRUPT_GRACE_S = 1.0
 DRAIN_LIMIT_S = 3.0
 _PREFIX = re.compile(rb"^\[rank(\d+)\]:")
 _FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
-
-_live_lock = threading.Lock()
-_live: set["ElasticLaunch"] = set()
-
-
-def _kill_all_live() -> None:
-    with _live_lock:
-        launches = list(_live)
-    for launch in launches:
-        launch.kill_now()
-
-
-atexit.register(_kill_all_live)
 
 
 def torchrun_options(spec: LaunchSpec, node_rank: int | None = None) -> list[str]:
@@ -101,8 +84,16 @@ def _agent_preexec() -> None:  # runs in the child between fork and exec
         pass
 
 
-class ElasticLaunch:
-    """One launch through torchrun: ``ElasticLaunch(spec, source=...).run()`` → RunResult."""
+class ElasticLaunch(Source):
+    """One launch through torchrun: ``ElasticLaunch(spec, source=...).run()`` → RunResult.
+
+    A process source under nbddp/supervisor.py whose one process is torchrun's agent. Two
+    places to vary the agent (``--launcher slurm`` does): ``command(cell_path)`` builds the
+    agent's command line, and ``stop_agent(sig)`` is called whenever nbddp must signal the
+    agent (interrupt, timeout, escalation, kernel exit, and cleanup of an agent still running).
+    """
+
+    interrupted_note = "interrupted: torchrun and all its ranks were stopped"
 
     def __init__(self, spec: LaunchSpec, *, source: str, sinks=(), cwd: str | None = None,
                  base_env: dict | None = None, device_count: int | None = None):
@@ -110,7 +101,7 @@ class ElasticLaunch:
             raise UsageError("%%ddp: --push/--pull move values between the notebook and the local "
                              "launcher's ranks; with --launcher torchrun, save and load files instead")
         self.spec = spec
-        self.source = source
+        self.source_text = source
         self.sinks = list(sinks)
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -124,11 +115,10 @@ class ElasticLaunch:
         self.logs: dict[tuple[int, str], object] = {}
         self.buffers = {"stdout": b"", "stderr": b""}
         self.agent_lines: list[str] = []
-        self.stopped_by_us: str | None = None
-        self.kill_deadline: float | None = None
-        self.last_output = time.monotonic()
-        self.idle_warned = False
-        self.result: RunResult | None = None
+        self.stop: tuple[str, str] | None = None  # (reason, why) once nbddp signalled the launch
+        self.sent: set[int] = set()
+        self._selector = None
+        self._streams: dict[int, str] = {}
 
     # ----------------------------------------------------------------- public
     def agent_options(self) -> list[str]:
@@ -141,18 +131,28 @@ class ElasticLaunch:
         return [(node * k + local, local, node) for local in range(k)]
 
     def command(self, cell_path: str) -> list[str]:
+        """The agent's command line (overridable: e.g. ``srun`` in front of it)."""
         return ([sys.executable, "-m", "torch.distributed.run"] + self.options +
                 ["--tee=3", f"--log-dir={os.path.join(self.result.log_dir, 'torchrun')}",
                  "-m", "nbddp.elastic_rank", cell_path] + list(self.spec.script_args))
 
+    def stop_agent(self, sig: int) -> None:
+        """Signal the agent's session (overridable: e.g. ``scancel`` the job as well)."""
+        if self.proc is not None and self.proc.poll() is None:
+            _killpg(self.proc.pid, sig)
+
     def run(self) -> RunResult:
+        return Supervisor(self, self.spec, self.sinks).run()
+
+    # ---------------------------------------------------------------- Source
+    def start(self) -> None:
         spec = self.spec
         log_dir = new_log_dir(spec.log_dir)
         self.status_dir = os.path.join(log_dir, "status")
         os.makedirs(self.status_dir, exist_ok=True)
         cell_path = os.path.join(log_dir, "cell.py")
         with open(cell_path, "w") as f:
-            f.write(self.source)
+            f.write(self.source_text)
         self.cell_path = cell_path
         port = None
         if spec.rdzv_endpoint and ":" in spec.rdzv_endpoint:
@@ -174,35 +174,55 @@ class ElasticLaunch:
         cmd = self.command(cell_path)
         with open(os.path.join(log_dir, "torchrun-command.txt"), "w") as f:
             f.write(shlex.join(cmd) + "\n")
-        self._emit("launch_started", self.result, spec, self.placement.backend)
+        self.emit("launch_started", self.result, spec, self.placement.backend)
         if self.placement.note:
-            self._note(self.placement.note)
-        with _live_lock:
-            _live.add(self)
-        try:
-            try:
-                self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                             preexec_fn=_agent_preexec)
-                self._pump()
-            except KeyboardInterrupt:
-                self._interrupt()
-        finally:
-            self._cleanup()
-            with _live_lock:
-                _live.discard(self)
-        self._finish()
-        self.result.ended_at = time.time()
-        diagnosis.add_hints(self.result)
-        self._emit("launch_finished", self.result)
-        return self.result
+            self.note(self.placement.note)
+        self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     preexec_fn=_agent_preexec)
+        self._selector = selectors.DefaultSelector()
+        self._streams = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
+        for fd, stream in self._streams.items():
+            os.set_blocking(fd, False)
+            self._selector.register(fd, selectors.EVENT_READ, stream)
+
+    def busy(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def poll(self, timeout: float) -> None:
+        self._read_some(timeout)
+        self._scan_status()
+
+    def signal(self, sig: int, reason: str, why: str, spare_handlers: bool = False) -> None:
+        """The agent forwards SIGINT to its ranks (torchrun's own shutdown); anything harder
+        goes to the agent and to every rank directly (each rank has a session of its own)."""
+        if self.stop is None:
+            self.stop = (reason, why)
+        self.sent.add(sig)
+        if sig == signal.SIGINT:
+            self.stop_agent(sig)
+            return
+        handling = set(self.handling()) if spare_handlers else set()
+        if not handling:
+            self.stop_agent(sig)
+        for r, pid in self._rank_pids().items():
+            if r not in handling:
+                _killpg(pid, sig)
+
+    def handling(self) -> list[int]:
+        return [r for r in self._rank_pids()
+                if os.path.exists(os.path.join(self.status_dir, f"rank{r}.sigint"))]
 
     def kill_now(self) -> None:
         """SIGKILL torchrun and every rank it started (each rank has its own session)."""
-        for pid in self._rank_pids():
+        self.sent.add(signal.SIGKILL)
+        for pid in self._rank_pids().values():
             _killpg(pid, signal.SIGKILL)
-        if self.proc is not None and self.proc.poll() is None:
-            _killpg(self.proc.pid, signal.SIGKILL)
+        self.stop_agent(signal.SIGKILL)
+
+    def stack_targets(self) -> list:
+        return [(self.ranks[r], pid, os.path.join(self.status_dir, f"rank{r}.stacks"))
+                for r, pid in self._rank_pids().items()]
 
     # ----------------------------------------------------------------- ranks
     def _rank(self, rank: int, local_rank: int, node_rank: int, confirmed: bool = False) -> RankResult:
@@ -233,8 +253,9 @@ class ElasticLaunch:
             log = self.logs[(rank, stream)] = open(os.path.join(self.result.log_dir, f"rank{rank}.{stream}"), "ab")
         return log
 
-    def _rank_pids(self) -> list[int]:
-        return [s["pid"] for s in self.seen.values() if "exitcode" not in s and s.get("pid")]
+    def _rank_pids(self) -> dict[int, int]:
+        """Live ranks (by their status files): rank → pid."""
+        return {r: s["pid"] for r, s in self.seen.items() if "exitcode" not in s and s.get("pid")}
 
     def _scan_status(self) -> None:
         for path in glob.glob(os.path.join(self.status_dir, "rank*.json")):
@@ -252,48 +273,26 @@ class ElasticLaunch:
             res.local_rank, res.node_rank = status["local_rank"], status["node_rank"]
             if old is None or old.get("restart") != status.get("restart") or old.get("pid") != status["pid"]:
                 if old is not None:
-                    self._note(f"rank {r} restarted by torchrun (restart {status.get('restart')})")
+                    self.note(f"rank {r} restarted by torchrun (restart {status.get('restart')})")
                 res.pid, res.state, res.started_at = status["pid"], RUNNING, status["started_at"]
                 res.exitcode = res.ended_at = None
                 res.exception, res.cause = None, ""
-                self._emit("rank_started", res)
+                self.emit("rank_started", res)
             if "exitcode" in status and (old is None or "exitcode" not in old):
                 res.exception = status.get("exception")
                 self._end_rank(res, status["exitcode"], status.get("ended_at"))
 
     def _end_rank(self, res: RankResult, code: int | None, ended_at: float | None = None) -> None:
         res.exitcode, res.ended_at = code, ended_at or time.time()
-        if code == 0:
-            res.state, res.cause = OK, ""
-        elif self.stopped_by_us == "timeout":
-            res.state = TIMED_OUT
-        elif self.stopped_by_us == "interrupt":
-            res.state, res.cause = INTERRUPTED, "stopped by the interrupt"
-        elif code is not None and code < 0:
-            others_failed = any(r.state == FAILED for r in self.ranks.values() if r is not res)
-            if others_failed and code in (-signal.SIGTERM, -signal.SIGKILL):
-                res.state, res.cause = TERMINATED, "stopped by torchrun after another rank failed"
-            else:
-                res.state, res.cause = KILLED, diagnosis.describe_signal(-code)
+        others_failed = any(r.state == FAILED for r in self.ranks.values() if r is not res)
+        if (self.stop is None or not ended_by_nbddp(code, res.exception, self.sent)) and others_failed \
+                and code in (-signal.SIGTERM, -signal.SIGKILL):
+            res.state, res.cause = TERMINATED, "stopped by torchrun after another rank failed"
         else:
-            res.state, res.cause = FAILED, diagnosis.describe_failure(res.exception, code)
-        self._emit("rank_exited", res)
+            settle(res, self.stop, self.sent)
+        self.emit("rank_exited", res)
 
     # ------------------------------------------------------------------ loop
-    def _pump(self) -> None:
-        sel = selectors.DefaultSelector()
-        streams = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
-        for fd in streams:
-            os.set_blocking(fd, False)
-            sel.register(fd, selectors.EVENT_READ, streams[fd])
-        self._selector, self._streams = sel, streams
-        while self.proc.poll() is None:
-            self._read_some(0.1)
-            self._scan_status()
-            self._check_clock()
-            self._emit("tick")
-        self._drain()
-
     def _read_some(self, timeout: float) -> None:
         for key, _ in self._selector.select(timeout=timeout):
             try:
@@ -344,59 +343,10 @@ class ElasticLaunch:
         log.flush()
         self.last_output = time.monotonic()
         self.idle_warned = False
-        self._emit("output", rank, stream, payload)
+        self.emit("output", rank, stream, payload)
 
-    # ------------------------------------------------------------- stopping
-    def _check_clock(self) -> None:
-        now = time.monotonic()
-        if self.kill_deadline is not None and now >= self.kill_deadline:
-            self.kill_now()
-            self.kill_deadline = None
-        spec = self.spec
-        if (spec.timeout is not None and self.stopped_by_us is None
-                and time.time() - self.result.started_at > spec.timeout):
-            self._collect_stacks()
-            self.result.timed_out = True
-            self._note(diagnosis.timeout_report(spec.timeout, self.result))
-            self._stop("timeout", TERM_GRACE_S)
-        elif (spec.idle_warning and not self.idle_warned and self.stopped_by_us is None
-              and self._rank_pids() and now - self.last_output > spec.idle_warning):
-            self.idle_warned = True
-            self._collect_stacks()
-            live = [self.ranks[r] for r, s in self.seen.items() if "exitcode" not in s]
-            self._note(diagnosis.idle_report(now - self.last_output, self.result, live))
-
-    def _collect_stacks(self) -> None:
-        live = [(r, status["pid"], os.path.join(self.status_dir, f"rank{r}.stacks"))
-                for r, status in self.seen.items() if "exitcode" not in status]
-        for r, text in stacks.ask(live).items():
-            self.ranks[r].stack = text
-            self.ranks[r].blocked_at = diagnosis.blocked_at(text, self.cell_path, self.source)
-
-    def _stop(self, reason: str, grace: float) -> None:
-        """SIGTERM torchrun (which stops its ranks) and the ranks themselves; SIGKILL after grace."""
-        self.stopped_by_us = reason
-        if self.proc is not None and self.proc.poll() is None:
-            _killpg(self.proc.pid, signal.SIGTERM)
-        for pid in self._rank_pids():
-            _killpg(pid, signal.SIGTERM)
-        self.kill_deadline = time.monotonic() + grace
-
-    def _interrupt(self) -> None:
-        self.result.interrupted = True
-        self._stop("interrupt", INTERRUPT_GRACE_S)
-        deadline = time.monotonic() + INTERRUPT_GRACE_S + 0.5
-        while self.proc is not None and self.proc.poll() is None:
-            try:
-                self._read_some(0.05)
-                self._check_clock()
-                if time.monotonic() > deadline:
-                    self.kill_now()
-            except KeyboardInterrupt:
-                self.kill_now()
-        self._note("interrupted: torchrun and all its ranks were stopped")
-
-    def _cleanup(self) -> None:
+    # --------------------------------------------------------------- closing
+    def close(self) -> None:
         if self.proc is not None:
             if self.proc.poll() is None:
                 self.kill_now()
@@ -404,23 +354,20 @@ class ElasticLaunch:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
-            if getattr(self, "_selector", None) is not None and self._streams:
-                try:
-                    self._drain()
-                except Exception:
-                    pass
+            self._drain()
             for pipe in (self.proc.stdout, self.proc.stderr):
                 pipe.close()
         self._scan_status()
-        for pid in self._rank_pids():  # a rank torchrun could not stop (it ignored SIGTERM)
+        for pid in self._rank_pids().values():  # a rank torchrun could not stop (it ignored SIGTERM)
             _killpg(pid, signal.SIGKILL)
         if _pg_alive(self.proc.pid if self.proc is not None else None):
+            self.stop_agent(signal.SIGKILL)
             _killpg(self.proc.pid, signal.SIGKILL)  # anything torchrun's session left behind
         for log in self.logs.values():
             log.close()
 
     # ---------------------------------------------------------------- result
-    def _finish(self) -> None:
+    def finish(self) -> None:
         agent_text = "".join(self.agent_lines)
         rc = self.proc.returncode if self.proc is not None else None
         for r, local, code in ((int(a), int(b), int(c)) for a, b, c in _FAILURE.findall(agent_text)):
@@ -432,25 +379,27 @@ class ElasticLaunch:
         for res in self.result.ranks:
             if res.ended_at is not None and res.state != RUNNING:
                 continue
-            if self.stopped_by_us is not None:
-                self._end_rank(res, -signal.SIGTERM)
+            if self.stop is not None:  # ended by nbddp's signals, its status never written
+                res.exitcode, res.ended_at = None, time.time()
+                stopped_state(res, self.stop)
+                self.emit("rank_exited", res)
             elif res.pid is None:
                 res.state, res.cause = FAILED, "never started (torchrun ended before this rank ran)"
                 res.ended_at = time.time()
-                self._emit("rank_exited", res)
+                self.emit("rank_exited", res)
             elif first_failed is not None:
                 res.state, res.cause = TERMINATED, f"stopped by torchrun after rank {first_failed.rank} failed"
                 res.ended_at = time.time()
-                self._emit("rank_exited", res)
+                self.emit("rank_exited", res)
             elif rc == 0:
                 self._end_rank(res, 0)
             else:
                 res.state, res.cause = FAILED, f"ended without an exit status (torchrun exited with {rc})"
                 res.ended_at = time.time()
-                self._emit("rank_exited", res)
-        if self.stopped_by_us is None and rc not in (0, None) and (
+                self.emit("rank_exited", res)
+        if self.stop is None and rc not in (0, None) and (
                 not self.result.ranks or not any(r.state == FAILED and r.exception for r in self.result.ranks)):
-            self._note(self._agent_failure(agent_text, rc))
+            self.note(self._agent_failure(agent_text, rc))
         if rc not in (0, None) and self.result.ok:
             # every rank of this node ended ok, yet torchrun failed (another node's rank failed):
             # the launch failed, so say so with the agent as the failed party
@@ -471,18 +420,6 @@ class ElasticLaunch:
                   or line.startswith(("usage:", "torchrun: error", "run.py: error"))]
         last = errors[-1] if errors else (text.strip().splitlines() or [""])[-1]
         return f"torchrun exited with code {rc}: {last[:300]} (torchrun's log: {log})"
-
-    # ------------------------------------------------------------- emitting
-    def _note(self, text: str) -> None:
-        self.result.notes.append(text)
-        self._emit("note", text)
-
-    def _emit(self, event: str, *args) -> None:
-        for sink in self.sinks:
-            handler = getattr(sink, event, None)
-            if handler is not None:
-                handler(*args)
-
 
 def _killpg(pid: int, sig: int) -> None:
     try:

@@ -19,6 +19,8 @@ import time
 import traceback
 import types
 
+from .worker import cell_line
+
 STATUS_DIR_VAR = "NBDDP_ELASTIC_DIR"
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 LEGACY_VAR = "NBDDP_ELASTIC_LEGACY_FLAG"  # --legacy-launch: the flag torch.distributed.launch passed
@@ -58,6 +60,19 @@ def _torch_error_file(exc: BaseException, text: str) -> None:
         pass
 
 
+def _acknowledge_sigint(path: str) -> None:
+    """SIGINT raises KeyboardInterrupt as in any script, after leaving a mark for the kernel:
+    Python code got it, so the cell's except/finally are given time (nbddp/supervisor.py)."""
+    def on_sigint(signum, frame):
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError:
+            pass
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
 def main() -> None:
     status_dir = os.environ.pop(STATUS_DIR_VAR, "")
     os.environ.pop(PREFIX_VAR, None)
@@ -76,6 +91,7 @@ def main() -> None:
         _write(status_path, status)
         stacks = open(os.path.join(status_dir, f"rank{rank}.stacks"), "w")
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+        _acknowledge_sigint(os.path.join(status_dir, f"rank{rank}.sigint"))
     faulthandler.enable(file=sys.stderr, all_threads=True)
     with open(cell_path, encoding="utf-8") as f:
         source = f.read()
@@ -91,18 +107,16 @@ def main() -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
+            status["exception"] = {"type": "SystemExit", "message": str(exc.code), "traceback": "",
+                                   "cell_line": cell_line(exc.__traceback__, cell_path)}
     except BaseException as exc:  # noqa: BLE001 - the user's error, shown as Python would
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next
         text = "".join(traceback.format_exception(type(exc), exc, tb))
         sys.stderr.write(text)
-        line = None
-        for frame, lineno in traceback.walk_tb(tb):
-            if frame.f_code.co_filename == cell_path:
-                line = lineno
         status["exception"] = {"type": type(exc).__name__, "message": str(exc),
-                               "traceback": text, "cell_line": line}
+                               "traceback": text, "cell_line": cell_line(tb, cell_path)}
         _torch_error_file(exc, text)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     for stream in (sys.stdout, sys.stderr):

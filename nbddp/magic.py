@@ -3,12 +3,14 @@ runs the cell (fresh job, or on the running pool), stores the result as ``_ddp``
 ``--push``/``--pull`` values, and raises if any rank failed."""
 from __future__ import annotations
 
+import inspect
 import shlex
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 
-from . import api, views
+from . import api, supervisor, views
+from .result import Interrupted
 from .spec import LaunchSpec, parse_line
 
 # Options that shape a job: a cell on a running pool cannot change them.
@@ -39,6 +41,14 @@ class DDPMagics(Magics):
 
     @cell_magic
     def ddp(self, line: str, cell: str):
+        try:
+            return self._ddp(line, cell)
+        except KeyboardInterrupt as exc:  # one line, not a traceback through nbddp
+            if isinstance(exc, Interrupted):
+                raise
+            raise Interrupted("nbddp: interrupted; no rank is running") from None
+
+    def _ddp(self, line: str, cell: str):
         pool = self.pool if (self.pool is not None and self.pool.state != "stopped") else None
         spec = parse_line(line, shape=pool.spec if pool is not None else None)
         if spec is None:  # -h
@@ -171,3 +181,38 @@ class DDPMagics(Magics):
                 raise UsageError(f"%%ddp: a pool of {pool_spec.world_size} ranks is running, so "
                                  f"--{field.replace('_', '-')} cannot change here; use --fresh for a "
                                  f"separate job, or %ddp_pool restart with new options")
+
+
+
+def install_interrupt_line(shell) -> None:
+    """From the moment the kernel takes a message, the stop button is counted, not raised
+    (nbddp.supervisor.defer_sigint_early); a ``%%ddp`` cell hands the count to its launch, which
+    stops its ranks as for any interrupt, so the cell ends in one line however early the
+    interrupt came (even before IPython has parsed the cell). Any other cell gets its interrupt
+    back at once as Python's own KeyboardInterrupt."""
+    kernel = getattr(shell, "kernel", None)
+    original_pre = getattr(kernel, "pre_handler_hook", None)
+    original_exec = getattr(kernel, "do_execute", None)
+    if original_pre is None or original_exec is None or getattr(original_exec, "_nbddp", False):
+        return
+
+    def pre_handler_hook():
+        original_pre()
+        supervisor.defer_sigint_early()
+
+    async def do_execute(code, *args, **kwargs):
+        ours = isinstance(code, str) and code.lstrip().startswith("%%ddp")
+        if not ours:
+            supervisor.restore_sigint_early(redeliver=True)
+        try:
+            reply = original_exec(code, *args, **kwargs)
+            if inspect.isawaitable(reply):
+                reply = await reply
+            return reply
+        finally:
+            if ours:
+                supervisor.restore_sigint_early()
+
+    do_execute._nbddp = True
+    kernel.pre_handler_hook = pre_handler_hook
+    kernel.do_execute = do_execute

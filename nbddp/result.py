@@ -143,7 +143,8 @@ class RunResult:
         if self.ok:
             return self
         if self.interrupted:
-            raise KeyboardInterrupt("nbddp: launch interrupted; all ranks were stopped")
+            raise Interrupted("nbddp: " + next((n for n in reversed(self.notes) if n.startswith("interrupted")),
+                                               "interrupted: all ranks were stopped"))
         raise (DDPTimeout if self.timed_out else DDPError)(self)
 
 
@@ -157,6 +158,18 @@ def _ranges(ranks: list[str]) -> str:
             parts.append(str(start) if start == n else f"{start}–{n}")
             start = None
     return ",".join(parts)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The stop button ended a launch: a KeyboardInterrupt that IPython shows as one line
+    (``KeyboardInterrupt: nbddp: interrupted: all ranks were stopped``), not a traceback
+    through nbddp; the per-rank report was shown above it and is in ``_ddp``."""
+
+    def _render_traceback_(self):
+        return [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: {self}"]
+
+
+Interrupted.__name__ = "KeyboardInterrupt"  # what Jupyter names the error (ename), as for any interrupt
 
 
 class DDPError(RuntimeError):

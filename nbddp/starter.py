@@ -3,10 +3,11 @@ without forking the multi-threaded kernel or a process that has touched CUDA), o
 """
 from __future__ import annotations
 
+import subprocess
 import threading
 
 import multiprocess
-from multiprocess import forkserver, spawn
+from multiprocess import forkserver, spawn, util
 
 # Imported once in the forkserver so each rank starts with them already loaded. None of these
 # initialise CUDA.
@@ -26,6 +27,37 @@ def context(start_method: str = "forkserver"):
                 ctx.set_forkserver_preload(PRELOAD)
                 _preload_set = True
     return ctx
+
+
+_children: dict[int, subprocess.Popen] = {}  # kept, so nothing reaps them behind multiprocess
+
+
+def _spawnv_passfds_in_own_session(path, args, passfds):
+    """multiprocess's helper that starts the forkserver (and spawned ranks), but in a session
+    of its own: Jupyter's stop button signals the kernel's whole process group, and a SIGINT
+    there would kill the forkserver while it imports torch. The forkserver still ends with
+    the kernel (its alive pipe closes), so do the ranks and spares it forked (lifelines)."""
+    child = subprocess.Popen(list(args), executable=path, pass_fds=tuple(sorted(map(int, passfds))),
+                             close_fds=True, start_new_session=True)
+    _children[child.pid] = child
+    return child.pid
+
+
+util.spawnv_passfds = _spawnv_passfds_in_own_session
+
+
+def ensure_forkserver() -> str | None:
+    """Start the forkserver if it is not running; a line to show when it had died (the next
+    launch started a new one), else None."""
+    server = forkserver._forkserver
+    before = server._forkserver_pid
+    server.ensure_running()
+    after = server._forkserver_pid
+    _children.pop(before, None) if before != after else None
+    if before is not None and before != after:
+        return ("the forkserver had ended (pid %d); started a new one, so this cell waits for "
+                "torch to be imported again" % before)
+    return None
 
 
 _starting = threading.local()

@@ -34,7 +34,9 @@ def entry(job: dict) -> None:
     """Process target: set up, run, report, exit. Never returns."""
     ctl = job["ctl"]
     code = 1
-    os.setsid()  # own process group: the launcher ends the rank and all it started at once
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the cell runs (_become_script)
+    if os.getsid(0) != os.getpid():  # a spawned rank starts in a session of its own already
+        os.setsid()  # own process group: the launcher ends the rank and all it started at once
     if job.pop("spare", False):
         _set_name(b"nbddp-spare")
         _send(ctl, ("ready",))
@@ -91,7 +93,8 @@ def _become_script(job: dict) -> None:
     stack_file = open(job["stack_path"], "a")
     job["_stack_file"] = stack_file
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _INTERRUPT.update(armed=True, ack=job.get("sigint_path", ""))
+    signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.clear()
     os.environ.update(job["env"])
@@ -101,6 +104,23 @@ def _become_script(job: dict) -> None:
     sys.argv = list(job["argv"])
     atexit._clear()  # handlers inherited from the forkserver are not the script's
     _install_display(job["ctl"])
+
+
+_INTERRUPT = {"armed": False, "ack": ""}
+
+
+def _on_sigint(signum, frame):
+    """SIGINT while the cell runs: KeyboardInterrupt, as Python raises it, after leaving a mark
+    that says Python code got it, so the launcher lets the cell's own except/finally finish
+    (a rank stuck in C, or ignoring SIGINT, leaves no mark and is ended within 2 s). A file,
+    not a message: the control pipe may be in the middle of a message right now."""
+    if not _INTERRUPT["armed"]:
+        return  # a pool rank between cells: the interrupt was for the cell that just ended
+    try:
+        os.close(os.open(_INTERRUPT["ack"], os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError:
+        pass
+    raise KeyboardInterrupt
 
 
 def _install_display(ctl) -> None:
@@ -171,7 +191,7 @@ def _run(job: dict, ctl) -> int:
             _exec_source(job, main, ctl)
         return 0
     except SystemExit as exc:
-        return _exit_code(exc)
+        return _exit_code(exc, ctl, job["cell_path"])
     except BaseException as exc:  # the user's error: print like Python would, and report it
         _report(ctl, exc, job["cell_path"])
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
@@ -204,13 +224,7 @@ def _serve(job: dict, ctl) -> int:
     SIGINT raises KeyboardInterrupt only while a cell runs; one that arrives between cells (it
     was meant for the cell that just ended) is ignored, so it cannot break the control pipe."""
     main = _new_main(job["cell_path"])
-    state = {"in_cell": False}
-
-    def on_sigint(signum, frame):
-        if state["in_cell"]:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)
+    _INTERRUPT["armed"] = False
     while True:
         try:
             message = ctl.recv()
@@ -223,12 +237,13 @@ def _serve(job: dict, ctl) -> int:
         status = "ok"
         try:
             try:
-                state["in_cell"] = True
+                _INTERRUPT["armed"] = True
+                _send(ctl, ("began",))  # from now on SIGINT is for this cell
                 _exec_source(cell, main, ctl)
             finally:
-                state["in_cell"] = False
+                _INTERRUPT["armed"] = False
         except SystemExit as exc:  # leaving a pool rank ends that worker, as in a script
-            return _exit_code(exc)
+            return _exit_code(exc, ctl, cell["cell_path"])
         except BaseException as exc:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
             _report(ctl, exc, cell["cell_path"])
@@ -240,13 +255,26 @@ def _serve(job: dict, ctl) -> int:
         _send(ctl, ("done", status))
 
 
-def _exit_code(exc: SystemExit) -> int:
+def _exit_code(exc: SystemExit, ctl, cell_path: str) -> int:
+    """As Python exits on SystemExit; a message (``sys.exit("fatal: ...")``) is printed and
+    reported, so the failure names it."""
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):
-        return exc.code & 0xFF if exc.code >= 0 else exc.code & 0xFF
+        return exc.code & 0xFF
     print(exc.code, file=sys.stderr)
+    _send(ctl, ("exception", {"type": "SystemExit", "message": str(exc.code), "traceback": "",
+                              "cell_line": cell_line(_user_traceback(exc), cell_path)}))
     return 1
+
+
+def cell_line(tb, cell_path: str):
+    """The last line of the cell in traceback ``tb`` (None when the cell is not in it)."""
+    line = None
+    for frame, lineno in traceback.walk_tb(tb):
+        if frame.f_code.co_filename == cell_path:
+            line = lineno
+    return line
 
 
 def _user_traceback(exc: BaseException):
@@ -264,12 +292,8 @@ def _report(ctl, exc: BaseException, cell_path: str) -> None:
     text = "".join(report.format())
     sys.stderr.write(text)
     sys.stderr.flush()
-    line = None
-    for frame, lineno in traceback.walk_tb(tb):
-        if frame.f_code.co_filename == cell_path:
-            line = lineno
     _send(ctl, ("exception", {"type": type(exc).__name__, "message": str(exc),
-                              "traceback": text, "cell_line": line}))
+                              "traceback": text, "cell_line": cell_line(tb, cell_path)}))
 
 
 def _chain(report):

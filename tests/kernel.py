@@ -76,7 +76,10 @@ class Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         reply.elapsed = time.monotonic() - start
-        shell = self.kc.get_shell_msg(timeout=10)
+        while True:  # skip stale replies (wait_for_ready may leave a second kernel_info_reply)
+            shell = self.kc.get_shell_msg(timeout=10)
+            if shell["parent_header"].get("msg_id") == msg_id:
+                break
         reply.status = shell["content"]["status"]
         return reply
 

@@ -1,0 +1,123 @@
+"""A fresh launch's ranks: one cell (or callable) run once by new processes from the forkserver
+(or spawn), each ending when its cell ends — one torchrun job. A process source under
+nbddp/supervisor.py; the processes themselves are nbddp/rankprocs.py's."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+import uuid
+
+from . import placement, spares
+from .envvars import legacy_argv, rank_env
+from .rankprocs import Rank, RankProcs
+from .rendezvous import host_store
+from .result import FAILED, KILLED, RankResult, RunResult
+from .supervisor import Source, settle
+
+FAILFAST_DELAY_S = 0.25  # torchrun's agent notices a failed worker at its next check (0.1 s)
+
+
+class ForkRanks(Source):
+    """The ranks of one fresh launch of ``spec`` running ``source`` or a packed callable."""
+
+    def __init__(self, spec, *, source, func, push, cwd, base_env, log_dir):
+        self.spec, self.source_text, self.func, self.push = spec, source, func, push
+        self.cwd, self.base_env, self.log_dir = cwd, base_env, log_dir
+        self.cell_path = os.path.join(log_dir, "cell.py")
+        self.procs = RankProcs(on_exit=self._on_exit, emit=self._emit)
+        self.store = None
+        self.use_spares = False
+
+    def _emit(self, *args) -> None:  # the supervisor replaces self.emit after this is made
+        self.emit(*args)
+
+    # ---------------------------------------------------------------- startup
+    def start(self) -> None:
+        spec, log_dir = self.spec, self.log_dir
+        with open(self.cell_path, "w") as f:
+            f.write(self.source_text if self.source_text is not None else
+                    f"# nbddp ran the function {self.func['name']}\n")
+        plan = placement.plan(spec, placement.cuda_device_count(), self.base_env)
+        self.result = RunResult(
+            ranks=[RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
+                   for r in range(spec.world_size)],
+            world_size=spec.world_size, log_dir=log_dir, started_at=time.time())
+        self.store, port = host_store(spec.master_addr, spec.master_port)
+        self.result.master_port = port
+        self.emit("launch_started", self.result, spec, plan.backend)
+        if plan.note:
+            self.note(plan.note)
+        run_id = str(uuid.uuid4())
+        ranks, jobs = [], []
+        for res in self.result.ranks:
+            r = res.rank
+            res.stdout_path = os.path.join(log_dir, f"rank{r}.stdout")
+            res.stderr_path = os.path.join(log_dir, f"rank{r}.stderr")
+            rank = Rank(res, os.path.join(log_dir, f"rank{r}.stacks"), os.path.join(log_dir, f"rank{r}.sigint"))
+            env = rank_env(spec, r, master_port=port, run_id=run_id,
+                           error_file=os.path.join(log_dir, f"rank{r}.error.json"), base_env=self.base_env)
+            # One stdlib pickle, sent over the rank's job pipe: multiprocess would pickle it with
+            # dill (pure Python, ~3 ms a rank), and a spare forked earlier gets it the same way.
+            jobs.append(pickle.dumps({
+                "rank": r, "env": env, "cwd": self.cwd, "sys_path": list(sys.path),
+                "argv": [self.cell_path] + legacy_argv(spec, r) + list(spec.script_args),
+                "cell_path": self.cell_path, "source": self.source_text, "func": self.func,
+                "stack_path": rank.stack_path, "sigint_path": rank.sigint_path,
+                "pull": [name.split("@")[0] for name in spec.pull], "backend": plan.backend,
+                "push": self.push, "pool": False,
+            }, protocol=pickle.HIGHEST_PROTOCOL))
+            ranks.append(rank)
+        self.use_spares = spares.usable(spec, pool_mode=False)
+        restarted = self.procs.start(ranks, jobs, spec.start_method, duplex=False, use_spares=self.use_spares)
+        if restarted:
+            self.note(restarted)
+
+    # ------------------------------------------------------------------- Source
+    def busy(self) -> bool:
+        return any(rank.alive for rank in self.procs.ranks)
+
+    def poll(self, timeout: float) -> None:
+        self.procs.poll(timeout)
+
+    def _on_exit(self, rank: Rank) -> None:
+        settle(rank.result, rank.stop, rank.sent)
+        self.emit("rank_exited", rank.result)
+
+    def failure(self) -> str | None:
+        """Fail-fast, a moment after the first failure (as torchrun's monitor interval), so
+        ranks failing the same way at about the same time each report their own error."""
+        if not self.busy():
+            return None
+        bad = next((r.result for r in self.procs.ranks
+                    if r.stop is None and not r.alive and r.result.state in (FAILED, KILLED)), None)
+        if bad is None or time.time() - bad.ended_at < FAILFAST_DELAY_S:
+            return None
+        return f"after rank {bad.rank} failed"
+
+    def signal(self, sig: int, reason: str, why: str, spare_handlers: bool = False) -> None:
+        """``sig`` to the live ranks; fail-fast's SIGTERM spares ranks whose cell has ended
+        already (they are exiting by themselves, with their own code), SIGKILL does not."""
+        self.procs.signal([r for r in self.procs.ranks
+                           if not (spare_handlers and r.handling())
+                           and not (reason == "failfast" and sig != signal.SIGKILL and r.ended)],
+                          sig, reason, why)
+
+    def handling(self) -> list[int]:
+        return [r.result.rank for r in self.procs.ranks if r.handling()]
+
+    def kill_now(self) -> None:
+        self.procs.kill_now()
+
+    def stack_targets(self) -> list:
+        return [(r.result, r.process.pid, r.stack_path) for r in self.procs.ranks if r.alive and r.started]
+
+    def close(self) -> None:
+        self.procs.close()
+        self.store = None
+
+    def finish(self) -> None:
+        if self.use_spares and not self.result.interrupted:
+            spares.refill(len(self.procs.ranks))  # for the next cell, while the user reads this one

@@ -1,0 +1,244 @@
+"""The stop button, for real: Jupyter's interrupt (SIGINT to the kernel's whole process group)
+at random moments of fresh and pool cells, right after %load_ext, during the cell's own
+handlers, on ranks that ignore signals, twice; and how ranks that exit by themselves are
+reported. Every case checks that the cell ends with one line, nothing of nbddp's leaks
+out, no rank survives (by pid) and the next cell works."""
+import json
+import os
+import random
+import re
+import signal
+import time
+
+import psutil
+import pytest
+
+from kernel import Kernel, alive, wait_gone
+
+STRESS = int(os.environ.get("NBDDP_STRESS", "50"))  # interrupts per kind (fresh, pool): 100 in all
+BUSY = "while True:\n    pass\n"
+NEXT = "%%ddp -n 2\nprint('next ok')"
+INTERNAL = re.compile(r"nbddp/\w+\.py|KeyError|ValueError|EOFError|is not registered|Fatal Python")
+
+
+def interrupt_at(k: Kernel, code: str, offset: float, timeout: float = 30):
+    """Execute ``code``, interrupt it ``offset`` s later; again every 5 s if the first one
+    came before the kernel began the cell (ipykernel ignores SIGINT while idle)."""
+    msg_id = k.kc.execute(code)
+    time.sleep(offset)
+    k.km.interrupt_kernel()
+    sent = [time.monotonic()]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return k.collect(msg_id, timeout=5), len(sent)
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise
+            k.km.interrupt_kernel()
+            sent.append(time.monotonic())
+
+
+def one_line_interrupt(reply) -> str:
+    assert reply.error, f"the cell raised nothing: {reply.text[-1500:]}"
+    assert reply.error["ename"] == "KeyboardInterrupt", reply.error
+    tb = reply.error["traceback"]
+    assert len(tb) == 1 and "\n" not in tb[0].strip(), "\n".join(tb)
+    ours = [line for line in reply.text.splitlines() if not line.startswith("[rank")]
+    assert not INTERNAL.search("\n".join(ours + tb)), reply.text[-3000:]
+    return tb[0]
+
+
+def interrupt_when(k: Kernel, code: str, *conditions):
+    """Execute ``code``; interrupt once each of ``conditions`` (on the reply so far) holds, in
+    order. Returns the reply and the times the interrupts were sent."""
+    msg_id = k.kc.execute(code)
+    sent = []
+
+    def on_output(reply):
+        if len(sent) < len(conditions) and conditions[len(sent)](reply):
+            sent.append(time.monotonic())
+            k.km.interrupt_kernel()
+
+    reply = k.collect(msg_id, timeout=60, on_output=on_output)
+    assert len(sent) == len(conditions), reply.text
+    return reply, sent
+
+
+def info(k: Kernel):
+    return json.loads(k.ok("import json, nbddp.supervisor as _s; print(json.dumps("
+                           "[[r.pid for r in _ddp.ranks], [type(x).__name__ for x in _s.live()]]))").stdout)
+
+
+def test_100_interrupts_at_random_moments_on_fresh_and_pool_cells(tmp_path):
+    """Each: one line, nothing of nbddp's, the next cell works, no launch left registered;
+    3 s after the last, no rank of any interrupted cell is alive."""
+    k = Kernel(cwd=str(tmp_path))
+    rng = random.Random(12)
+    try:
+        k.ok("%load_ext nbddp")
+        k.ok(NEXT, timeout=120)  # the forkserver is up
+        seen, repeats = [], 0
+        t0 = time.monotonic()
+        for kind, cell, check in (("fresh", "%%ddp -n 2\n" + BUSY, NEXT),
+                                  ("pool", "%%ddp\n" + BUSY, "%%ddp\nprint('next ok')")):
+            if kind == "pool":
+                k.ok("%ddp_pool start -n 2", timeout=120)
+            for i in range(STRESS):
+                reply, sent = interrupt_at(k, cell, rng.uniform(0, 0.2))
+                repeats += sent - 1
+                one_line_interrupt(reply)
+                pids, live = info(k)
+                assert live == ([] if kind == "fresh" else ["PoolRanks"]), f"{kind} cell {i}: registry {live}"
+                seen += pids
+                reply = k.ok(check)
+                assert reply.stdout.count("next ok") == 2, reply.text
+            if kind == "pool":
+                status = k.ok("%ddp_pool status").stdout
+                assert "ready" in status and status.count(", alive") == 2, status
+                k.ok("%ddp_pool stop")
+        elapsed = time.monotonic() - t0
+        print(f"{2 * STRESS} interrupts in {elapsed:.1f} s ({repeats} sent again: came before the cell began)")
+        time.sleep(3)
+        assert not alive(set(seen)), f"ranks alive 3 s after their cell: {alive(set(seen))}"
+        assert info(k)[1] == []
+    finally:
+        k.shutdown()
+
+
+def test_interrupt_right_after_load_ext_then_a_4_rank_cell(tmp_path):
+    k = Kernel(cwd=str(tmp_path))
+    try:
+        k.ok("%load_ext nbddp")  # returns at once; the forkserver starts and imports torch now
+        time.sleep(0.2)
+        k.km.interrupt_kernel()  # SIGINT to the kernel's process group, as Jupyter sends it
+        time.sleep(0.8)
+        k.km.interrupt_kernel()
+        reply = k.ok("%%ddp -n 4\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                     "t = __import__('torch').ones(1); dist.all_reduce(t); print('sum', t.item())", timeout=180)
+        assert reply.stdout.count("sum 4.0") == 4, reply.text
+        assert "forkserver had ended" not in reply.text and "Traceback" not in reply.text, reply.text
+    finally:
+        k.shutdown()
+
+
+def _forkserver(k):
+    for p in psutil.Process(k.pid).children():
+        try:
+            if "forkserver" in " ".join(p.cmdline()):
+                return p
+        except psutil.Error:
+            pass
+    return None
+
+
+def test_forkserver_in_its_own_session_and_replaced_if_it_dies(kernel):
+    kernel.ok(NEXT, timeout=120)
+    server = _forkserver(kernel)
+    assert server is not None
+    assert os.getsid(server.pid) == server.pid != os.getsid(kernel.pid)  # the stop button cannot reach it
+    os.kill(server.pid, signal.SIGKILL)
+    wait_gone([server.pid], 5)
+    reply = kernel.ok(NEXT, timeout=180)
+    assert reply.stdout.count("next ok") == 2, reply.text
+    notes = [line for line in reply.text.splitlines() if "forkserver had ended" in line]
+    assert len(notes) == 1 and f"pid {server.pid}" in notes[0], reply.text
+    assert "forkserver had ended" not in kernel.ok(NEXT).text
+
+
+HANDLERS = """%%ddp -n 3
+import os, time
+try:
+    print("in", flush=True)
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("saved", os.environ["RANK"], flush=True)
+finally:
+    print("finally", os.environ["RANK"], flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["fresh", "pool"])
+def test_interrupt_runs_the_cells_except_and_finally_on_every_rank(kernel, where):
+    if where == "pool":
+        kernel.ok("%ddp_pool start -n 3", timeout=120)
+    try:
+        cell = HANDLERS if where == "fresh" else HANDLERS.replace("%%ddp -n 3", "%%ddp")
+        reply, sent = interrupt_when(kernel, cell, lambda reply: reply.stdout.count("]:in") == 3)
+        took = time.monotonic() - sent[0]
+        line = one_line_interrupt(reply)
+        assert "nbddp: interrupted" in line, line
+        for r in range(3):
+            assert f"[rank{r}]:saved {r}\n" in reply.stdout and f"[rank{r}]:finally {r}\n" in reply.stdout, reply.text
+        assert took < 2.0, f"{took:.2f} s"
+        states = json.loads(kernel.ok("import json; print(json.dumps([r.state for r in _ddp.ranks]))").stdout)
+        # a rank whose cell caught the KeyboardInterrupt and ended normally has run to its end
+        assert set(states) <= {"interrupted", "ok"}, states
+    finally:
+        if where == "pool":
+            kernel.ok("%ddp_pool stop")
+
+
+def test_ranks_that_ignore_signals_are_still_ended_within_2_s(kernel):
+    reply, sent = interrupt_when(kernel, """%%ddp -n 2
+import os, signal
+signal.signal(signal.SIGINT, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("PID", os.getpid(), flush=True)
+while True:
+    pass
+""", lambda reply: reply.stdout.count("PID") == 2)
+    took = time.monotonic() - sent[0]
+    one_line_interrupt(reply)
+    pids = [int(p) for p in re.findall(r"PID (\d+)", reply.stdout)]
+    assert not alive(pids), alive(pids)
+    assert took < 2.5, f"the interrupt took {took:.2f} s (bound: 2 s)"
+    assert kernel.ok(NEXT).stdout.count("next ok") == 2
+
+
+def test_second_interrupt_kills_a_slow_handler_at_once_and_still_reports(kernel):
+    reply, sent = interrupt_when(kernel, """%%ddp -n 2
+import os, time
+print("PID", os.getpid(), flush=True)
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("saving slowly", flush=True)
+    time.sleep(60)
+""", lambda reply: reply.stdout.count("PID") == 2,
+        lambda reply: reply.stdout.count("saving slowly") == 2 and "interrupt again" in reply.stderr)
+    assert 1.5 < sent[1] - sent[0] < 5, "the handlers were given time after the first interrupt"
+    assert time.monotonic() - sent[1] < 1.5, "the second interrupt kills at once"
+    line = one_line_interrupt(reply)
+    assert "interrupted: all ranks were stopped" in line
+    assert "still running the cell's interrupt handler" in reply.stderr, reply.stderr
+    assert "rank 0: interrupted" in reply.text or "interrupted" in kernel.ok(
+        "print([r.state for r in _ddp.ranks])").stdout
+    pids = [int(p) for p in re.findall(r"PID (\d+)", reply.stdout)]
+    assert not wait_gone(pids, 2)
+
+
+def test_every_rank_exits_with_a_message_all_failed_with_it(kernel):
+    reply = kernel.execute("%%ddp -n 4\nimport sys\nsys.exit('fatal: config missing')\n", timeout=60)
+    text = "\n".join(reply.error["traceback"])
+    assert reply.error["ename"] == "DDPError", text
+    for r in range(4):
+        assert f"rank {r}: failed (SystemExit: fatal: config missing at cell line 3)" in text, text
+    assert "terminated" not in text and "stopped by nbddp" not in text, text
+
+
+def test_only_ranks_nbddp_stopped_are_terminated(kernel):
+    """Rank 1 fails; rank 0 ignores the SIGTERM and exits by itself with its own code: it
+    keeps that code; rank 2 is the one nbddp stopped."""
+    reply = kernel.execute("""%%ddp -n 3
+import os, signal, sys, time
+r = int(os.environ["RANK"])
+if r == 1:
+    raise ValueError("bad batch")
+if r == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(0.8); sys.exit(3)
+time.sleep(60)
+""", timeout=60)
+    text = "\n".join(reply.error["traceback"])
+    assert "rank 1: failed (ValueError: bad batch at cell line 5)" in text, text
+    assert "rank 2: terminated (stopped by nbddp after rank 1 failed)" in text, text
+    assert "rank 0: failed (exited with code 3)" in text, text
