@@ -187,7 +187,9 @@ def test_a_failing_rank_raises_ddperror_with_its_cause(job):
 def test_interrupt_cancels_the_job(job):
     kernel, _ = job
     msg_id = kernel.kc.execute("%%ddp --launcher slurm -n 1\nimport os, time\n"
-                               "print('PID', os.getpid(), flush=True)\ntime.sleep(300)\n")
+                               "print('PID', os.getpid(), flush=True)\ntry:\n    time.sleep(300)\n"
+                               "except KeyboardInterrupt:\n    time.sleep(0.3)\n    print('saved', flush=True)\n"
+                               "    raise\n")
     sent = []
 
     def on_output(reply):
@@ -198,6 +200,7 @@ def test_interrupt_cancels_the_job(job):
     reply = kernel.collect(msg_id, timeout=240, on_output=on_output)
     assert sent, reply.text
     raised(reply, "KeyboardInterrupt")
+    assert "[rank0]:saved" in reply.stdout, reply.text  # SIGINT first, once: the cell's handler ran
     assert not jobs(), "the job outlived the interrupt"
     pid = int(re.search(r"PID (\d+)", reply.stdout).group(1))
     assert not alive([pid]), "the rank outlived the interrupt"
