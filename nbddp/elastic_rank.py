@@ -25,6 +25,7 @@ from nbddp.worker import cell_line
 STATUS_DIR_VAR = "NBDDP_ELASTIC_DIR"
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 LEGACY_VAR = "NBDDP_ELASTIC_LEGACY_FLAG"  # --legacy-launch: the flag torch.distributed.launch passed
+SAME_INTERRUPT_S = 1.0  # SIGINTs closer than this are one interrupt (see _acknowledge_sigint)
 
 
 def _die_with_parent() -> None:
@@ -63,8 +64,17 @@ def _torch_error_file(exc: BaseException, text: str) -> None:
 
 def _acknowledge_sigint(path: str) -> None:
     """SIGINT raises KeyboardInterrupt as in any script, after leaving a mark for the kernel:
-    Python code got it, so the cell's except/finally are given time (nbddp/supervisor.py)."""
+    Python code got it, so the cell's except/finally are given time (nbddp/supervisor.py).
+    One interrupt may come by two routes (Slurm signals every process of a step, and torchrun
+    forwards it too; so does a terminal's Ctrl-C): a SIGINT within a second of the last one
+    raised is the same interrupt and must not break into the cell's handler."""
+    last = [-SAME_INTERRUPT_S]
+
     def on_sigint(signum, frame):
+        now = time.monotonic()
+        if now - last[0] < SAME_INTERRUPT_S:
+            return
+        last[0] = now
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
         except OSError:

@@ -7,9 +7,10 @@ step's first node. srun carries every node's ``[rankN]:`` lines back to the kern
 display, ``_ddp``, the per-rank errors and ``--timeout`` are the torchrun launcher's.
 
 Inside an allocation (``salloc``, or a notebook running in a batch job: ``SLURM_JOB_ID`` is set)
-the cell is a job step; elsewhere srun asks for a new job. Stopping (interrupt, timeout, the
-kernel's exit) also ``scancel``s the step or job and waits until Slurm lists it no more, so
-nothing stays queued or running. The cell, its log folder and the kernel's Python must be
+the cell is a job step; elsewhere srun asks for a new job. The supervisor (nbddp/supervisor.py)
+decides when to stop, as for every launch; here an interrupt reaches the ranks as
+``scancel --signal=INT`` of the step, and anything harder also ``scancel``s the step or job and
+waits until Slurm lists it no more, so nothing stays queued or running. The cell, its log folder and the kernel's Python must be
 visible at the same paths on every node (a shared filesystem, as for any Slurm job).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import pwd
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +48,13 @@ exec {python} -m torch.distributed.run --nnodes="$SLURM_STEP_NUM_NODES" {options
 
 
 class SlurmLaunch(ElasticLaunch):
-    """One launch through ``srun`` + torchrun: ``SlurmLaunch(spec, source=...).run()`` → RunResult."""
+    """One launch through ``srun`` + torchrun: ``SlurmLaunch(spec, source=...).run()`` → RunResult.
+
+    The torchrun agent source (nbddp/elastic.py) under the same supervisor, with srun as the
+    agent: it varies the command, how the agent is stopped (Slurm signals and cancels the
+    remote ranks), which ranks can be reached by pid, and srun's own errors as the cause."""
+
+    interrupted_note = "interrupted: the Slurm step, its torchrun and all its ranks were stopped"
 
     def __init__(self, spec: LaunchSpec, *, source: str, sinks=(), cwd: str | None = None,
                  base_env: dict | None = None, device_count: int | None = None):
@@ -88,29 +96,41 @@ class SlurmLaunch(ElasticLaunch):
         return (srun + ["bash", node_script, "--tee=3", f"--log-dir={os.path.join(log_dir, 'torchrun')}",
                         "-m", "nbddp.elastic_rank", cell_path] + list(spec.script_args))
 
+    def stop_agent(self, sig: int) -> None:
+        """srun and Slurm stand between the kernel and the ranks. SIGINT goes to the step's
+        tasks through Slurm (as Ctrl-C in a terminal: torchrun's own shutdown follows); anything
+        harder also goes to srun and cancels the step or job, queued ones included. When to send
+        which signal is the supervisor's (nbddp/supervisor.py)."""
+        if sig == signal.SIGINT and not self.cancelled:
+            job, step = self._step()
+            if step is not None:  # running: every node's torchrun and ranks get the interrupt
+                _run(["scancel", "--signal=INT", f"{job}.{step}"])
+                return
+            # still queued or starting: nothing runs a handler yet, so cancel outright
+        super().stop_agent(sig)
+        self.cancel()
+
+    def close(self) -> None:
+        super().close()
+        if self.cancelled:
+            self._wait_gone()
+
     # ------------------------------------------------- ranks on other nodes
     def _here(self, status: dict) -> bool:
         return status.get("host", socket.gethostname()) == socket.gethostname()
 
-    def _rank_pids(self) -> list[int]:
-        """Only this machine's ranks can be signalled by pid; Slurm stops the others."""
-        return [s["pid"] for s in self.seen.values() if "exitcode" not in s and s.get("pid") and self._here(s)]
-
-    def _collect_stacks(self) -> None:
-        seen = self.seen
-        self.seen = {r: s for r, s in seen.items() if self._here(s)}
-        try:
-            super()._collect_stacks()
-        finally:
-            self.seen = seen
+    def _rank_pids(self) -> dict[int, int]:
+        """Only this machine's ranks can be signalled (or asked for stacks) by pid; Slurm
+        reaches the others."""
+        return {r: pid for r, pid in super()._rank_pids().items() if self._here(self.seen[r])}
 
     # -------------------------------------------------------------- result
-    def _finish(self) -> None:
-        super()._finish()
-        srun_failed = self._srun_errors()
-        for res in self.result.ranks:  # srun, not torchrun, is the agent the kernel watched
-            if srun_failed and res.cause.startswith("never started (torchrun ended"):
-                res.cause = "never started (srun ended before this rank ran)"
+    def finish(self) -> None:
+        super().finish()
+        if self._srun_errors():  # srun, not torchrun, is the agent the kernel watched
+            for res in self.result.ranks:
+                if res.cause.startswith("never started (torchrun ended"):
+                    res.cause = "never started (srun ended before this rank ran)"
 
     def _srun_errors(self) -> list[str]:
         return [line.strip() for line in self.agent_lines if line.startswith("srun: error:")]
@@ -122,22 +142,9 @@ class SlurmLaunch(ElasticLaunch):
         log = os.path.join(self.result.log_dir, "agent.log")
         return f"srun exited with code {rc}: {errors[0][len('srun: error: '):][:300]} (srun's log: {log})"
 
-    # ------------------------------------------------------------ stopping
-    def _stop(self, reason: str, grace: float) -> None:
-        super()._stop(reason, grace)
-        self.cancel()
-
-    def kill_now(self) -> None:
-        super().kill_now()
-        self.cancel()
-
-    def _cleanup(self) -> None:
-        super()._cleanup()
-        if self.cancelled:
-            self._wait_gone()
-
+    # ------------------------------------------------------------ cancelling
     def cancel(self) -> None:
-        """scancel this cell's step (inside an allocation) or job; pending ones included."""
+        """scancel this cell's step (inside an allocation) or job, once."""
         if self.cancelled or self.proc is None:
             return
         self.cancelled = True
@@ -171,7 +178,7 @@ class SlurmLaunch(ElasticLaunch):
             if not left:
                 return
             time.sleep(0.2)
-        self._note(f"Slurm still lists {self.job_name} {CANCEL_WAIT_S:g} s after scancel")
+        self.note(f"Slurm still lists {self.job_name} {CANCEL_WAIT_S:g} s after scancel")
 
 
 def _user() -> str:

@@ -79,6 +79,14 @@ def jobs() -> list[str]:
     return subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout.splitlines()
 
 
+def jobs_after_end(timeout: float = 10) -> list[str]:
+    """Jobs still listed once a finished job's COMPLETING moment (slurmd's cleanup) had time to pass."""
+    deadline = time.monotonic() + timeout
+    while jobs() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return jobs()
+
+
 def steps(job_id: str) -> list[str]:
     """The job's steps that run a cell (not Slurm's own extern/batch steps)."""
     out = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True).stdout
@@ -143,7 +151,7 @@ def test_exported_sbatch_job_gives_each_rank_the_cells_output(job, tmp_path):
         text, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, (name, text, [p.read_text() for p in folder.glob(f"{name}-*.out")])
         assert rank_outputs(tmp_path / name) == expected[name], name
-    assert not jobs()
+    assert not jobs_after_end()
 
 
 @needs_slurm
@@ -158,24 +166,30 @@ def test_a_slurm_cell_runs_on_every_node(job):
         assert f"[rank{r}]:argv ['--lr', '1'] name __main__" in reply.stdout, reply.text
     outputs = in_cell(kernel)
     assert len({line for out in outputs for line in out.splitlines() if line.startswith("node ")}) == n, outputs
-    assert not jobs()
+    assert not jobs_after_end()
 
 
 @needs_slurm
 def test_a_failing_rank_raises_ddperror_with_its_cause(job):
-    kernel, _ = job
-    reply = kernel.execute("%%ddp --launcher slurm -n 2\nimport os\nif os.environ['RANK'] == '1':\n"
-                           "    raise ValueError('boom')\nprint('fine', os.environ['RANK'])\n", timeout=240)
-    assert "rank 1: failed (ValueError: boom at cell line 4)" in raised(reply, "DDPError"), reply.error
+    kernel, folder = job
+    # rank 1 fails once rank 0 has printed (else torchrun may stop rank 0 before it prints)
+    reply = kernel.execute("%%ddp --launcher slurm -n 2\nimport os, time\nif os.environ['RANK'] == '1':\n"
+                           "    while not os.path.exists('rank0.done'): time.sleep(0.05)\n"
+                           "    raise ValueError('boom')\nprint('fine', os.environ['RANK'], flush=True)\n"
+                           "open('rank0.done', 'w').close()\n", timeout=240)
+    (folder / "rank0.done").unlink(missing_ok=True)
+    assert "rank 1: failed (ValueError: boom at cell line 5)" in raised(reply, "DDPError"), reply.error
     assert "[rank0]:fine 0" in reply.stdout, reply.text
-    assert not jobs()
+    assert not jobs_after_end()
 
 
 @needs_slurm
 def test_interrupt_cancels_the_job(job):
     kernel, _ = job
     msg_id = kernel.kc.execute("%%ddp --launcher slurm -n 1\nimport os, time\n"
-                               "print('PID', os.getpid(), flush=True)\ntime.sleep(300)\n")
+                               "print('PID', os.getpid(), flush=True)\ntry:\n    time.sleep(300)\n"
+                               "except KeyboardInterrupt:\n    time.sleep(0.3)\n    print('saved', flush=True)\n"
+                               "    raise\n")
     sent = []
 
     def on_output(reply):
@@ -186,6 +200,7 @@ def test_interrupt_cancels_the_job(job):
     reply = kernel.collect(msg_id, timeout=240, on_output=on_output)
     assert sent, reply.text
     raised(reply, "KeyboardInterrupt")
+    assert "[rank0]:saved" in reply.stdout, reply.text  # SIGINT first, once: the cell's handler ran
     assert not jobs(), "the job outlived the interrupt"
     pid = int(re.search(r"PID (\d+)", reply.stdout).group(1))
     assert not alive([pid]), "the rank outlived the interrupt"
