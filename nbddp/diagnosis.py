@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 from .result import KILLED, OK
 
@@ -136,11 +137,18 @@ _COLLECTIVE = re.compile(r"\(in (all_reduce|all_gather\w*|reduce\w*|broadcast\w*
 IDLE_WARNING = "warning: no output from any rank"   # how the views recognise the idle warning
 
 
-def idle_report(idle_s: float, result, live) -> str:
+def idle_report(idle_s: float, result, live, timeout: float | None = None) -> str:
+    """The idle warning; with ``--timeout`` given it says when the cell will be stopped
+    instead of suggesting the option."""
+    if timeout is None:
+        ending = "(use --timeout SECONDS to stop such a cell automatically)"
+    else:
+        left = max(0.0, timeout - (time.time() - result.started_at))
+        ending = f"(--timeout {timeout:g} stops the cell in {left:.0f} s)"
     return (f"{IDLE_WARNING} for {idle_s:.0f} s and ranks still running; "
             f"a hung collective? {where_ranks_are(result, live)} "
             + (f"Hint: {split_ranks_hint(result)} " if split_ranks_hint(result) else "")
-            + "(use --timeout SECONDS to stop such a cell automatically)")
+            + ending)
 
 
 def where_ranks_are(result, only=None) -> str:

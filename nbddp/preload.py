@@ -79,6 +79,13 @@ def enabled() -> bool:
 
 
 # ----------------------------------------------------------------- kernel side
+def _in_notebook() -> bool:
+    """Only a notebook's (IPython's) imports are offered: a plain script or test runner calling
+    nbddp.run() has imported its own machinery (pytest and its plugins), which no rank wants."""
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
+
+
 _offered: dict[str, str] = {}   # name -> verdict from the forkserver ("ok", or why not)
 _files: dict[str, float] = {}   # preloaded user-module file -> its mtime then
 
@@ -109,7 +116,7 @@ def notebook_modules(modules=None) -> list[str]:
 def offer(ctx, start) -> bool:
     """Send the forkserver the notebook's new modules (blocking; run from the spares' refill
     thread). True when it imported any: processes forked before lack them."""
-    if not enabled():
+    if not enabled() or not _in_notebook():
         return False
     names = notebook_modules()
     if not names:

@@ -219,7 +219,7 @@ class Supervisor:
             self.idle_warned = True
             targets = self._collect_stacks()
             self.source.note(diagnosis.idle_report(now - self.last_output, self.source.result,
-                                                   [t[0] for t in targets]))
+                                                   [t[0] for t in targets], spec.timeout))
 
     # --------------------------------------------------------------- stopping
     def _stop(self, reason: str, why: str) -> None:
