@@ -298,10 +298,15 @@ def chips_html(result, now: float | None = None, progress=None, hung=()) -> str:
             out.append(chip_html(result.rank(ranks[0]), now, progress(ranks[0]) if progress else ""))
             continue
         fg, bg = STATE_COLORS.get(state, ("#333", "#eee"))
+        codes = {result.rank(r).exitcode for r in ranks}
+        code = codes.pop() if len(codes) == 1 else None
+        ended = ""   # the signal that ended them all, by name (", stopped (SIGTERM)"), not "exit -15"
+        if code is not None and code < 0:
+            ended = f", {'killed' if state == KILLED else 'stopped'} ({signal_name(-code)})"
         out.append(f'<span class="nbddp-chip nbddp-group nbddp-{state.replace(" ", "-")}" '
                    f'title="{html.escape(cause or state, quote=True)}" style="{_CHIP_STYLE};color:{fg};'
                    f'background:{bg};border:1px solid {fg}33">{html.escape(summary.label(ranks))}: '
-                   f'{html.escape(state + (f" ({cause})" if cause else ""))}</span>')
+                   f'{html.escape(state + (f" ({cause})" if cause else "") + ended)}</span>')
     return "".join(out)
 
 
