@@ -77,7 +77,9 @@ def demo(rank, world_size):
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     t = torch.ones(1) * (rank + 1)
     dist.all_reduce(t)
-    print("child", rank, t.item(), flush=True)
+    # one write per line: two processes share the rank's pipe, and print() writes its pieces
+    # one by one where stdout is unbuffered, so their lines could interleave mid-line
+    os.write(1, f"child {{rank}} {{t.item()}}\\n".encode())
     dist.destroy_process_group()
 
 if __name__ == "__main__":
