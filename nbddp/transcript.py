@@ -152,12 +152,17 @@ def status_words(rank_result, now: float | None = None) -> str:
     code = rank_result.exitcode
     if code is not None and code >= 0:
         parts.append(f"exit {code}")
-    elif code is not None and rank_result.state == KILLED:   # a signal by its name, not "exit -9"
-        parts.append(f"({signal_name(-code)})")
-    elif code is not None:   # "terminated 1.2 s, stopped (SIGTERM)", not "exit -15"
-        parts[-1] += "," if len(parts) > 1 else ""
-        parts.append(f"stopped ({signal_name(-code)})")
+    elif code is not None:   # a signal by its name, not "exit -9" / "exit -15"
+        if rank_result.state != KILLED:
+            parts[-1] += "," if len(parts) > 1 else ""
+        parts.append(signal_words(rank_result.state, code))
     return " ".join(parts)
+
+
+def signal_words(state: str, code: int) -> str:
+    """How a rank ended by a signal reads after its state: 'killed (SIGKILL)' needs only the
+    name, any other state says it was stopped: 'terminated, stopped (SIGTERM)'."""
+    return f"({signal_name(-code)})" if state == KILLED else f"stopped ({signal_name(-code)})"
 
 
 def launch_line(result, spec, backend: str, times: str = "×") -> str:
@@ -300,9 +305,9 @@ def chips_html(result, now: float | None = None, progress=None, hung=()) -> str:
         fg, bg = STATE_COLORS.get(state, ("#333", "#eee"))
         codes = {result.rank(r).exitcode for r in ranks}
         code = codes.pop() if len(codes) == 1 else None
-        ended = ""   # the signal that ended them all, by name (", stopped (SIGTERM)"), not "exit -15"
+        ended = ""   # the signal that ended them all, as a single chip says it
         if code is not None and code < 0:
-            ended = f", {'killed' if state == KILLED else 'stopped'} ({signal_name(-code)})"
+            ended = (" " if state == KILLED else ", ") + signal_words(state, code)
         out.append(f'<span class="nbddp-chip nbddp-group nbddp-{state.replace(" ", "-")}" '
                    f'title="{html.escape(cause or state, quote=True)}" style="{_CHIP_STYLE};color:{fg};'
                    f'background:{bg};border:1px solid {fg}33">{html.escape(summary.label(ranks))}: '
