@@ -44,18 +44,27 @@ def _spawnv_passfds_in_own_session(path, args, passfds):
 util.spawnv_passfds = _spawnv_passfds_in_own_session
 
 
+_known_forkserver: int | None = None  # the pid the last launch used
+
+
 def ensure_forkserver() -> str | None:
-    """Start the forkserver if it is not running; a line to show when it had died (the next
-    launch started a new one), else None."""
+    """Start the forkserver if it is not running; a line to show when the one the last launch
+    used has ended, else None. The replacement may have been started here or, in between
+    cells, by a background fork of spares (multiprocess restarts it on any fork), so this
+    compares with the pid the last launch saw, not only with the one before this call."""
+    global _known_forkserver
     server = forkserver._forkserver
     before = server._forkserver_pid
     server.ensure_running()
     after = server._forkserver_pid
-    _children.pop(before, None) if before != after else None
-    if before is not None and before != after:
+    known, _known_forkserver = _known_forkserver, after
+    if known is None or known == after:
+        return None
+    _children.pop(known, None)
+    if before != after:
         return ("the forkserver had ended (pid %d); started a new one, so this cell waits for "
-                "torch to be imported again" % before)
-    return None
+                "torch to be imported again" % known)
+    return "the forkserver had ended (pid %d); a new one was started in the background" % known
 
 
 _starting = threading.local()

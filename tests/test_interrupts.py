@@ -146,6 +146,20 @@ def test_forkserver_in_its_own_session_and_replaced_if_it_dies(kernel):
     assert "forkserver had ended" not in kernel.ok(NEXT).text
 
 
+def test_forkserver_replaced_between_cells_by_the_spares_refill_is_still_reported(kernel):
+    kernel.ok(NEXT, timeout=120)
+    server = _forkserver(kernel)
+    os.kill(server.pid, signal.SIGKILL)
+    wait_gone([server.pid], 5)
+    # the background refill of spares forks first: multiprocess starts a new forkserver for it
+    kernel.ok("from nbddp import spares\nspares.clear(); spares.refill(2); spares.settle(120)", timeout=180)
+    replacement = _forkserver(kernel)
+    assert replacement is not None and replacement.pid != server.pid
+    reply = kernel.ok(NEXT, timeout=180)
+    notes = [line for line in reply.text.splitlines() if "forkserver had ended" in line]
+    assert len(notes) == 1 and f"pid {server.pid}" in notes[0] and "background" in notes[0], reply.text
+
+
 HANDLERS = """%%ddp -n 3
 import os, time
 try:
