@@ -9,7 +9,7 @@ import os
 import time
 
 from .diagnosis import stack_complete
-from .stackwatch import SIGNAL, ask_path
+from .stackwatch import END_MARK, SIGNAL, ask_path
 
 _ANSWER_FRAME = 'stackwatch.py", line'
 
@@ -44,16 +44,22 @@ def ask(targets, wait_s: float = WAIT_S) -> dict:
     pending = list(asked)
     while pending and time.monotonic() - start < wait_s:
         time.sleep(0.02)
-        pending = [t for t in pending if not stack_complete(read_text(t[2]))]
+        pending = [t for t in pending if not _complete(read_text(t[2]), t[0] in by_thread)]
         if time.monotonic() - start >= SIGNAL_AFTER_S:
             for key, pid, path in pending:
                 # not a line yet: the thread cannot run (C code holding the GIL), so signal
                 if key in by_thread and not read_text(path):
                     by_thread.discard(key)
                     _signal(pid)
-    if asked:
-        time.sleep(0.05)  # a dump that looks complete may still be writing its next thread
-    return {key: without_answering_thread(read_text(path)) for key, _, path in asked}
+    if any(key not in by_thread for key, _, _ in asked):
+        time.sleep(0.05)  # a signal's dump that looks complete may still be writing its next thread
+    return {key: without_answering_thread(read_text(path).replace(END_MARK, "")) for key, _, path in asked}
+
+
+def _complete(text: str, by_thread: bool) -> bool:
+    """The answering thread ends its dump with END_MARK; a signal's dump has no end mark, so a
+    complete-looking one is taken (and the caller waits a little more)."""
+    return END_MARK in text if by_thread else stack_complete(text)
 
 
 def without_answering_thread(dump: str) -> str:

@@ -19,6 +19,7 @@ import threading
 
 SIGNAL = signal.SIGUSR1
 ASK_SUFFIX = ".ask"
+END_MARK = "# nbddp: end of stacks\n"  # written after a dump the thread made: complete, for certain
 
 
 def ask_path(stack_path: str) -> str:
@@ -58,6 +59,7 @@ def _answer(fd: int, stack_file) -> None:
             return
         try:
             faulthandler.dump_traceback(file=stack_file, all_threads=True)
+            os.write(stack_file.fileno(), END_MARK.encode())  # the reader need not guess
         except (OSError, ValueError):
             pass
 

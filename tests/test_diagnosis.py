@@ -201,9 +201,14 @@ def test_stacks_from_a_real_process(tmp_path):
         assert proc.stdout.readline() == b"ready\n"
         time.sleep(0.2)
         os.kill(proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + 10
-        while not diagnosis.stack_complete(stacks.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # a signal's dump has no end mark: complete when it looks so and stops growing
+        deadline, before = time.monotonic() + 10, None
+        while time.monotonic() < deadline:
+            text = stacks.read_text()
+            if diagnosis.stack_complete(text) and text == before:
+                break
+            before = text
+            time.sleep(0.1)
     finally:
         proc.kill()
         proc.wait()
