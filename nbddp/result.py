@@ -87,6 +87,7 @@ class RunResult:
     interrupted: bool = False
     timed_out: bool = False
     notes: list[str] = field(default_factory=list)
+    displayed: list[int] = field(default_factory=list)  # ranks whose output a view showed
 
     @property
     def ok(self) -> bool:
@@ -186,11 +187,16 @@ class DDPError(RuntimeError):
         for r in self.result.failed:
             if r.hint:
                 lines.append(f"  hint (rank {r.rank}): {r.hint}")
-        for r in self.result.failed:
-            if r.exception and r.exception.get("traceback"):
+        shown = set(self.result.displayed)
+        above = [r.rank for r in self.result.failed
+                 if r.exception and r.exception.get("traceback") and r.rank in shown]
+        for r in self.result.failed:  # a traceback once: here only where no view showed it
+            if r.exception and r.exception.get("traceback") and r.rank not in shown:
                 lines.append(f"--- rank {r.rank} traceback ---")
                 lines += r.exception["traceback"].rstrip("\n").splitlines()
-        lines.append(f"(full per-rank logs: {self.result.log_dir}; the result is in _ddp)")
+        where = "" if not above else (f"rank {above[0]}'s traceback is in its output above; " if len(above) == 1
+                                      else f"ranks {_ranges([str(n) for n in above])}: tracebacks in their output above; ")
+        lines.append(f"({where}full per-rank logs: {self.result.log_dir}; the result is in _ddp)")
         return lines
 
 

@@ -180,6 +180,8 @@ class Supervisor:
             self.source.note(self.source.interrupted_note)
         result.ended_at = time.time()
         diagnosis.add_hints(result)
+        if any(getattr(sink, "shows_output", False) for sink in self.sinks):
+            result.displayed = [r.rank for r in result.ranks if self.spec.shown(r.rank)]
         self.emit("launch_finished", result)
 
     # ------------------------------------------------------------------- loop

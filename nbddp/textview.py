@@ -26,6 +26,8 @@ LINE_LIMIT = 2_000_000        # characters of one line sent (a 1 MB line arrives
 class TextView:
     """A sink for Launch events that prints as lines arrive."""
 
+    shows_output = True  # a failed rank's traceback is on screen: the DDPError need not repeat it
+
     def __init__(self, spec, out=None, err=None, header: bool = True):
         self.spec = spec
         self._out = out

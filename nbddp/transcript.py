@@ -239,7 +239,9 @@ def _span(ranks: list[int]) -> str:
         else ",".join(map(str, ranks))
 
 
-def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) -> str:
+def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, sections: bool = True) -> str:
+    """``sections=False``: the summary only (text mode streamed every rank's lines above it,
+    and a second copy of each traceback is noise in a saved notebook)."""
     result = collector.result
     out = [headline(result, collector.finished), f"logs: {result.log_dir}"]
     if _folded(result):
@@ -254,6 +256,9 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES) ->
         out.append(f"note: {note}")
     if result.remote:
         out.append(f"  ranks {_span(result.remote)}: on other nodes (their output is shown there)")
+    if not sections:
+        out.append("  (each rank's lines are in the output above)")
+        return "\n".join(out) + "\n"
     out += _silent_lines(collector)
     for rank, tail in _sections(collector):
         lines = list(tail.lines)[-lines_per_rank:]
@@ -391,10 +396,12 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
     return "\n".join(out)
 
 
-def bundle(collector: Collector, include_displays: bool = True, expanded: bool = True) -> dict:
-    """The static transcript as a mime bundle: text/plain and text/html."""
-    return {"text/plain": render_text(collector),
-            "text/html": render_html(collector, include_displays=include_displays, expanded=expanded)}
+def bundle(collector: Collector, streamed: bool = False) -> dict:
+    """The static transcript as a mime bundle: text/plain and text/html. ``streamed``: text mode
+    already streamed every line and rich output above, so the HTML folds each rank's lines and
+    the text is the summary only."""
+    return {"text/plain": render_text(collector, sections=not streamed),
+            "text/html": render_html(collector, include_displays=not streamed, expanded=not streamed)}
 
 
 __all__ = ["Tail", "Collector", "bundle", "render_text", "render_html", "chips_html",

@@ -91,7 +91,7 @@ class TranscriptView:
     def launch_finished(self, result):
         self.c.launch_finished(result)
         # the lines were streamed above as they came: here each rank's section starts folded
-        self._publish(transcript.bundle(self.c, include_displays=False, expanded=False), raw=True,
+        self._publish(transcript.bundle(self.c, streamed=True), raw=True,
                       metadata={"nbddp": {"transcript": True}})
 
 

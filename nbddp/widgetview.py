@@ -92,6 +92,8 @@ def _pre(body: str) -> str:
 class WidgetView:
     """A Launch sink that draws the live widget view (and leaves a static transcript)."""
 
+    shows_output = True  # the transcript holds each failed rank's traceback
+
     def __init__(self, spec, publish=None):
         self.spec = spec
         self.c = Collector(spec)
@@ -235,7 +237,7 @@ class WidgetView:
         for pane in self.panes.values():
             self._push_pane(pane, now)
         if self.handle is not None:   # the durable output: the static transcript, no widget
-            self.handle.update(transcript.bundle(self.c, include_displays=True), raw=True)
+            self.handle.update(transcript.bundle(self.c), raw=True)
         self.close()
 
     def _relabel(self, focus=None):

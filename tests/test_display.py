@@ -288,3 +288,34 @@ time.sleep(1.5)
     # rank 1 wrote again: the banner went and the chips are back to their state
     assert hung[-1] < len(headers) - 1 and 'class="nbddp-hang"' not in headers[-1]
     assert "nbddp-hung" not in headers[-1]
+
+
+FAILING = ("import os\nif os.environ['RANK'] == '1':\n    raise ValueError('bad batch')\n"
+           "print('fine', os.environ['RANK'])")
+TB = "Traceback (most recent call last)"
+
+
+def test_a_failed_ranks_traceback_is_shown_once_in_each_form(kernel):
+    # text mode (papermill, a plain client): once in the streamed lines, not again in the
+    # transcript's text, nor in the error, which points at it
+    messages, reply = run_raw(kernel, "%%ddp -n 2 --output text\n" + FAILING)
+    assert reply["status"] == "error" and reply["ename"] == "DDPError", reply
+    streams = "".join(m["content"]["text"] for m in of_type(messages, "stream"))
+    transcript_text = final_bundle(messages)["text/plain"]
+    error = "\n".join(reply["traceback"])
+    assert streams.count(TB) == 1 and transcript_text.count(TB) == 0 and error.count(TB) == 0, \
+        (streams, transcript_text, error)
+    assert "ValueError: bad batch at cell line 4" in error and "rank 1's traceback is in its output above" in error
+    assert final_bundle(messages)["text/html"].count(TB) == 1  # folded there: the lines are above
+    # widgets (JupyterLab): the live view becomes the transcript, which holds it once per form
+    messages, reply = run_raw(kernel, "%%ddp -n 2 --output widgets\n" + FAILING)
+    final = final_bundle(messages)
+    error = "\n".join(reply["traceback"])
+    assert final["text/plain"].count(TB) == 1 and final["text/html"].count(TB) == 1, final
+    assert error.count(TB) == 0 and not of_type(messages, "stream"), error
+    # a rank no view showed (--ranks 0 while rank 1 fails): the error carries its traceback
+    messages, reply = run_raw(kernel, "%%ddp -n 2 --ranks 0 --output text\n" + FAILING)
+    error = "\n".join(reply["traceback"])
+    assert error.count(TB) == 1 and "--- rank 1 traceback ---" in error and "ValueError: bad batch" in error, error
+    streams = "".join(m["content"]["text"] for m in of_type(messages, "stream"))
+    assert TB not in streams, streams
