@@ -15,6 +15,17 @@ from IPython.core.error import UsageError
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 START_METHODS = ("forkserver", "spawn")
 OUTPUTS = ("auto", "widgets", "text")
+# variables the launcher sets per rank: an --env value would point ranks at a store nobody hosts,
+# or give two ranks one rank number; the option that says it instead
+_SET_BY_TOPOLOGY = "choose the topology with -n, --nproc-per-node and --nnodes"
+LAUNCHER_OWNED = {
+    "MASTER_PORT": "use --master-port PORT", "MASTER_ADDR": "use --master-addr HOST",
+    **{key: _SET_BY_TOPOLOGY for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                         "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")},
+    **{key: "nbddp sets it for this launch (under --launcher torchrun, torchrun does)"
+       for key in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
+                   "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")},
+}
 LAUNCHERS = ("local", "torchrun", "slurm")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -365,6 +376,10 @@ def _check(spec: LaunchSpec) -> None:
             raise UsageError(f"%%ddp: --node-rank {spec.node_rank} must be below --nnodes {spec.nnodes}")
     if not spec.master_addr:
         raise UsageError("%%ddp: --master-addr must not be empty")
+    for key, _ in spec.env:
+        if key in LAUNCHER_OWNED:
+            raise UsageError(f"%%ddp: --env {key}=…: the launcher sets {key} for each rank, as torchrun "
+                             f"does; {LAUNCHER_OWNED[key]}")
     if spec.launcher != "torchrun":
         for name, value in (("--rdzv-endpoint", spec.rdzv_endpoint), ("--rdzv-id", spec.rdzv_id),
                             ("--rdzv-timeout", spec.rdzv_timeout)):

@@ -119,6 +119,9 @@ def test_syntax_error_reported_once_before_spawning(kernel):
     ("-n 2 --master-port 70000", "port must be between 1 and 65535"),
     ("-n 2 --env NOEQUALS", "--env takes KEY=VALUE"),
     ("-n 2 --timeout -1", "--timeout must be more than 0"),
+    # ranks would wait for a store on 29999 that nobody hosts
+    ("-n 2 --env MASTER_PORT=29999", "the launcher sets MASTER_PORT for each rank, as torchrun does; use --master-port PORT"),
+    ("-n 2 --env RANK=0", "choose the topology with -n"),
 ])
 def test_bad_arguments_raise_usage_error_before_any_process(kernel, line, reason):
     kernel.settle()
