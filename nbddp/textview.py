@@ -28,8 +28,9 @@ class TextView:
 
     shows_output = True  # a failed rank's traceback is on screen: the DDPError need not repeat it
 
-    def __init__(self, spec, out=None, err=None, header: bool = True):
+    def __init__(self, spec, out=None, err=None, header: bool = True, flush: bool = True):
         self.spec = spec
+        self._flush = flush  # False where the next sink's display flushes the streams itself
         self._out = out
         self._err = err
         self.header = header
@@ -126,7 +127,7 @@ class TextView:
             counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(self._skipped.items()))
             self._stream("stderr").write(f"nbddp: lines not shown (over the {TEXT_LIMIT_CHARS // 1_000_000} MB "
                                          f"limit) — {counts}; full logs in {result.log_dir}\n")
-        for stream in ("stdout", "stderr"):
+        for stream in ("stdout", "stderr") if self._flush else ():
             try:
                 self._stream(stream).flush()
             except Exception:

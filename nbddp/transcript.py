@@ -239,9 +239,24 @@ def _span(ranks: list[int]) -> str:
         else ",".join(map(str, ranks))
 
 
-def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, sections: bool = True) -> str:
-    """``sections=False``: the summary only (text mode streamed every rank's lines above it,
-    and a second copy of each traceback is noise in a saved notebook)."""
+def _without_traceback(lines: list, rank_result) -> list:
+    """A failed rank's lines with its traceback block said in one line: text mode streamed
+    it above, and a saved notebook's text should carry each traceback once."""
+    exc = rank_result.exception if rank_result is not None else None
+    tb = (exc or {}).get("traceback", "").rstrip("\n").splitlines()
+    if not tb:
+        return lines
+    texts = [terminal.plain(text) for _, text in lines]
+    for start in range(len(texts) - len(tb), -1, -1):
+        if texts[start:start + len(tb)] == tb:
+            said = ("stderr", f"[{exc.get('type', 'the')} traceback, {len(tb)} lines: in the rank's lines above]")
+            return lines[:start] + [said] + lines[start + len(tb):]
+    return lines
+
+
+def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, streamed: bool = False) -> str:
+    """``streamed``: text mode showed every line above, so a failed rank's traceback is not
+    repeated here."""
     result = collector.result
     out = [headline(result, collector.finished), f"logs: {result.log_dir}"]
     if _folded(result):
@@ -256,12 +271,11 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, se
         out.append(f"note: {note}")
     if result.remote:
         out.append(f"  ranks {_span(result.remote)}: on other nodes (their output is shown there)")
-    if not sections:
-        out.append("  (each rank's lines are in the output above)")
-        return "\n".join(out) + "\n"
     out += _silent_lines(collector)
     for rank, tail in _sections(collector):
         lines = list(tail.lines)[-lines_per_rank:]
+        if streamed:
+            lines = _without_traceback(lines, result.rank(rank))
         out.append(f"--- rank {rank} ({tail.total} line{'s' if tail.total != 1 else ''}) ---")
         if tail.total > len(lines):
             out.append(_hidden_note(tail, len(lines), f" (full log: {log_path(result, rank)})"))
@@ -400,7 +414,7 @@ def bundle(collector: Collector, streamed: bool = False) -> dict:
     """The static transcript as a mime bundle: text/plain and text/html. ``streamed``: text mode
     already streamed every line and rich output above, so the HTML folds each rank's lines and
     the text is the summary only."""
-    return {"text/plain": render_text(collector, sections=not streamed),
+    return {"text/plain": render_text(collector, streamed=streamed),
             "text/html": render_html(collector, include_displays=not streamed, expanded=not streamed)}
 
 

@@ -103,5 +103,7 @@ def make_sinks(spec, shell=None) -> list:
 
         return [WidgetView(spec)]
     if in_kernel:
-        return [TextView(spec), TranscriptView(spec)]
+        # the transcript's display flushes the kernel's streams first (ipykernel does, to keep
+        # them in order), so the text view's own flush, a wait on the IO thread, is not needed
+        return [TextView(spec, flush=False), TranscriptView(spec)]
     return [TextView(spec)]

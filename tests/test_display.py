@@ -296,8 +296,8 @@ TB = "Traceback (most recent call last)"
 
 
 def test_a_failed_ranks_traceback_is_shown_once_in_each_form(kernel):
-    # text mode (papermill, a plain client): once in the streamed lines, not again in the
-    # transcript's text, nor in the error, which points at it
+    # text mode (papermill, a plain client): once in the streamed lines, said in one line in the
+    # transcript's text, not in the error, which points at it
     messages, reply = run_raw(kernel, "%%ddp -n 2 --output text\n" + FAILING)
     assert reply["status"] == "error" and reply["ename"] == "DDPError", reply
     streams = "".join(m["content"]["text"] for m in of_type(messages, "stream"))
@@ -306,6 +306,8 @@ def test_a_failed_ranks_traceback_is_shown_once_in_each_form(kernel):
     assert streams.count(TB) == 1 and transcript_text.count(TB) == 0 and error.count(TB) == 0, \
         (streams, transcript_text, error)
     assert "ValueError: bad batch at cell line 4" in error and "rank 1's traceback is in its output above" in error
+    assert "[ValueError traceback, " in transcript_text and "lines: in the rank's lines above]" in transcript_text
+    assert "fine 0" in transcript_text  # the per-rank transcript stays (papermill keeps it)
     assert final_bundle(messages)["text/html"].count(TB) == 1  # folded there: the lines are above
     # widgets (JupyterLab): the live view becomes the transcript, which holds it once per form
     messages, reply = run_raw(kernel, "%%ddp -n 2 --output widgets\n" + FAILING)

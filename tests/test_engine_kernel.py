@@ -81,7 +81,9 @@ import time; time.sleep(30)
     assert reply.elapsed < 15
     text = "\n".join(reply.error["traceback"])
     assert "rank 1: failed (ValueError: bad batch on rank one at cell line 5)" in text
-    assert 'raise ValueError("bad batch on rank one")' in text  # the cell's own source line
+    # the traceback, with the cell's own source line, once: in rank 1's output, which the error points at
+    assert '[rank1]:    raise ValueError("bad batch on rank one")' in reply.stderr
+    assert "Traceback" not in text and "rank 1's traceback is in its output above" in text
     assert "ranks 0,2: terminated (stopped by nbddp after rank 1 failed)" in text   # said once for both
     assert "[rank1]:ValueError: bad batch on rank one" in reply.stderr
     assert "nbddp/launcher.py" not in text and "magic.py" not in text  # no traceback from inside
