@@ -6,14 +6,31 @@ checked against torch itself rather than trusted.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from . import placement
-from .spec import LaunchSpec
+
+if TYPE_CHECKING:  # spec.py imports LAUNCHER_OWNED from here
+    from .spec import LaunchSpec
 
 # Variables whose values legitimately differ from launch to launch (compared by key only).
 PER_LAUNCH_KEYS = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
 
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+# Of launcher_env's variables, those a user's --env must not override (spec.py refuses them):
+# one would point ranks at a store nobody hosts, or give two ranks one rank number. Each maps
+# to the option that says it instead. The rest (OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING,
+# ROLE_NAME, TORCHELASTIC_SIGNALS_TO_HANDLE) a user may set, as under torchrun.
+_SET_BY_TOPOLOGY = "choose the topology with -n, --nproc-per-node and --nnodes"
+LAUNCHER_OWNED = {
+    "MASTER_PORT": "use --master-port PORT", "MASTER_ADDR": "use --master-addr HOST",
+    **{key: _SET_BY_TOPOLOGY for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                         "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")},
+    **{key: "nbddp sets it for this launch (under --launcher torchrun, torchrun does)"
+       for key in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
+                   "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")},
+}
 
 
 def launcher_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str,

@@ -13,20 +13,11 @@ from dataclasses import dataclass, field, replace
 
 from IPython.core.error import UsageError
 
+from .envvars import LAUNCHER_OWNED
+
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 START_METHODS = ("forkserver", "spawn")
 OUTPUTS = ("auto", "widgets", "text")
-# variables the launcher sets per rank: an --env value would point ranks at a store nobody hosts,
-# or give two ranks one rank number; the option that says it instead
-_SET_BY_TOPOLOGY = "choose the topology with -n, --nproc-per-node and --nnodes"
-LAUNCHER_OWNED = {
-    "MASTER_PORT": "use --master-port PORT", "MASTER_ADDR": "use --master-addr HOST",
-    **{key: _SET_BY_TOPOLOGY for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                         "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")},
-    **{key: "nbddp sets it for this launch (under --launcher torchrun, torchrun does)"
-       for key in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
-                   "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")},
-}
 LAUNCHERS = ("local", "torchrun", "slurm")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
