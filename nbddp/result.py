@@ -187,15 +187,21 @@ class DDPError(RuntimeError):
         for r in self.result.failed:
             if r.hint:
                 lines.append(f"  hint (rank {r.rank}): {r.hint}")
+        from .summary import ranges
+
         shown = set(self.result.displayed)
-        above = [r.rank for r in self.result.failed
-                 if r.exception and r.exception.get("traceback") and r.rank in shown]
-        for r in self.result.failed:  # a traceback once: here only where no view showed it
-            if r.exception and r.exception.get("traceback") and r.rank not in shown:
+        with_traceback = [r for r in self.result.failed if r.exception and r.exception.get("traceback")]
+        for r in with_traceback:  # a traceback once: here only where no view showed it
+            if r.rank not in shown:
                 lines.append(f"--- rank {r.rank} traceback ---")
                 lines += r.exception["traceback"].rstrip("\n").splitlines()
-        where = "" if not above else (f"rank {above[0]}'s traceback is in its output above; " if len(above) == 1
-                                      else f"ranks {_ranges([str(n) for n in above])}: tracebacks in their output above; ")
+        above = [r.rank for r in with_traceback if r.rank in shown]
+        if len(above) == 1:
+            where = f"rank {above[0]}'s traceback is in its output above; "
+        elif above:
+            where = f"ranks {ranges(above)}: tracebacks in their output above; "
+        else:
+            where = ""
         lines.append(f"({where}full per-rank logs: {self.result.log_dir}; the result is in _ddp)")
         return lines
 

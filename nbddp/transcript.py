@@ -412,8 +412,8 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
 
 def bundle(collector: Collector, streamed: bool = False) -> dict:
     """The static transcript as a mime bundle: text/plain and text/html. ``streamed``: text mode
-    already streamed every line and rich output above, so the HTML folds each rank's lines and
-    the text is the summary only."""
+    already streamed every line and rich output above, so the HTML folds each rank's lines
+    (rich outputs left out) and the text says a failed rank's traceback in one line."""
     return {"text/plain": render_text(collector, streamed=streamed),
             "text/html": render_html(collector, include_displays=not streamed, expanded=not streamed)}
 
