@@ -18,7 +18,7 @@ import time
 import traceback
 import types
 
-from . import nostdin, pushing, stackwatch, user_rendezvous
+from . import nostdin, pushing, stackwatch, teardown, user_rendezvous
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
@@ -99,6 +99,7 @@ def _become_script(job: dict) -> None:
     os.environ.update(job["env"])
     user_rendezvous.install(job["env"], job["cell_path"])  # a cell's own MASTER_PORT/tcp:// works
     _apply_thread_env()
+    teardown.install()  # destroy_process_group without torch's teardown race (nbddp/teardown.py)
     os.chdir(job["cwd"])
     sys.path[:] = [job["cwd"]] + [p for p in job["sys_path"] if p not in ("", job["cwd"])]
     sys.argv = list(job["argv"])
