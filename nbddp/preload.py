@@ -13,12 +13,16 @@ the forkserver must stay fork-safe, and a kernel that already initialised CUDA m
 Notebook modules (``NBDDP_PRELOAD=0`` turns this off): after a cell, before the next spares are
 forked (nbddp/spares.py), the kernel offers the forkserver the packages the notebook imported
 that it lacks. A forkserver's preload list is fixed at its start, so nbddp preloads
-``nbddp._forkserver`` there, which makes the forkserver take such offers: a short-lived
-"messenger" process forked from it writes the names into a pipe the forkserver holds and sends
-it SIGUSR2; the forkserver, in its main thread (it forks nothing meanwhile), first imports them
-in a forked probe and keeps only those whose import neither started a thread nor touched CUDA
-(nor failed), stopping at the first unsafe one, then imports the safe ones itself. The kernel's
-own stack (ipykernel, zmq, tornado, IPython, ...) and the standard library are never offered.
+``nbddp._forkserver`` there, which makes the forkserver take such offers without any signal
+handler (Python runs a handler between any two bytecodes, inside ``os.fork``'s own hooks too,
+and a handler that forked there deadlocked the forkserver): a short-lived "messenger" forked
+from it writes the names into a pipe the forkserver holds and exits; the next fork request
+(a second messenger the kernel starts at once) runs the forkserver's before-fork hook, in its
+main loop, which reads the pipe, first imports the names in a forked probe and keeps only
+those whose import neither started a thread nor touched CUDA (nor failed), stopping at the
+first unsafe one, then imports the safe ones itself; the second messenger, forked right after,
+carries the verdicts back. The kernel's own stack (ipykernel, zmq, tornado, IPython, ...) and
+the standard library are never offered.
 A user module whose file changes after it was preloaded is dropped from ``sys.modules`` in the
 ranks (``stale()``), so a cell still imports the code on disk, as under torchrun.
 """
@@ -30,6 +34,7 @@ import select
 import signal
 import sys
 import sysconfig
+import threading
 import time
 
 # (module, why it is preloaded). Order matters only for speed.
@@ -56,7 +61,6 @@ MODULES = [
 ]
 NAMES = [name for name, _ in MODULES]
 
-SIGNAL = signal.SIGUSR2
 PROBE_TIMEOUT_S = 120.0
 
 # Never offered: the kernel's own stack (a rank has no kernel), test tools, and what the
@@ -88,6 +92,7 @@ def _in_notebook() -> bool:
 
 _offered: dict[str, str] = {}   # name -> verdict from the forkserver ("ok", or why not)
 _files: dict[str, float] = {}   # preloaded user-module file -> its mtime then
+_lock = threading.Lock()        # the spares' refill thread writes both while a launch reads them
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -114,38 +119,47 @@ def notebook_modules(modules=None) -> list[str]:
 
 
 def offer(ctx, start) -> bool:
-    """Send the forkserver the notebook's new modules (blocking; run from the spares' refill
-    thread). True when it imported any: processes forked before lack them."""
+    """Send the forkserver the notebook's new modules (blocking, with deadlines; run from the
+    spares' refill thread). True when it imported any: processes forked before lack them."""
     if not enabled() or not _in_notebook():
         return False
     names = notebook_modules()
     if not names:
         return False
     path = [p or os.getcwd() for p in sys.path]
-    parent, child = ctx.Pipe(duplex=False)
-    messenger = ctx.Process(target=deliver, args=(names, path, child), name="nbddp-preload")
-    start(messenger)
-    child.close()
+    token = os.urandom(8).hex()  # the verdicts for this offer, not an earlier one
+    poster = ctx.Process(target=post, args=(token, names, path), name="nbddp-preload")
+    start(poster)
+    poster.join(10)
+    if poster.exitcode is None:
+        poster.kill()
+        poster.join(5)
     verdicts = {}
-    try:
-        if parent.poll(PROBE_TIMEOUT_S * 2 + 10):
-            verdicts = parent.recv()
-    except (EOFError, OSError):
-        pass
-    finally:
-        parent.close()
-        messenger.join(5)
-        if messenger.exitcode is None:
-            messenger.kill()
+    if poster.exitcode == 0:  # the offer waits in the forkserver's pipe: the next fork takes it
+        parent, child = ctx.Pipe(duplex=False)
+        messenger = ctx.Process(target=deliver, args=(token, child), name="nbddp-preload")
+        start(messenger)
+        child.close()
+        try:
+            if parent.poll(10):
+                verdicts = parent.recv()
+        except (EOFError, OSError):
+            pass
+        finally:
+            parent.close()
             messenger.join(5)
+            if messenger.exitcode is None:
+                messenger.kill()
+                messenger.join(5)
     if not verdicts:  # no answer (a forkserver without the hook, no /proc): do not ask again
         verdicts = {name: "not preloaded: the forkserver did not answer" for name in names}
-    for name, verdict in verdicts.items():
-        if verdict in ("ok", "present"):
-            _offered[name] = "ok"
-            _remember_file(sys.modules.get(name))
-        elif verdict != "not tried":
-            _offered[name] = verdict
+    with _lock:
+        for name, verdict in verdicts.items():
+            if verdict in ("ok", "present"):
+                _offered[name] = "ok"
+                _remember_file(sys.modules.get(name))
+            elif verdict != "not tried":
+                _offered[name] = verdict
     return "ok" in verdicts.values()
 
 
@@ -166,8 +180,10 @@ def _remember_file(mod) -> None:
 def stale() -> list[str]:
     """Preloaded modules whose file changed since: a rank drops them (and their submodules)
     from ``sys.modules``, so the cell imports what is on disk now."""
+    with _lock:
+        files, offered = dict(_files), dict(_offered)
     changed = set()
-    for path, mtime in _files.items():
+    for path, mtime in files.items():
         try:
             if os.stat(path).st_mtime != mtime:
                 changed.add(path)
@@ -176,7 +192,7 @@ def stale() -> list[str]:
     if not changed:
         return []
     names = [name for name, mod in list(sys.modules.items())
-             if _offered.get(name) == "ok"
+             if offered.get(name) == "ok"
              and isinstance(getattr(mod, "__file__", None), str)
              and os.path.realpath(mod.__file__) in changed]
     return names
@@ -192,26 +208,25 @@ def forget(names) -> None:
 # ------------------------------------------------------------ forkserver side
 _channel: tuple[int, int] | None = None   # the pipe offers arrive on (forkserver only)
 _busy = False
+_verdicts: dict[str, dict] = {}           # offer token -> verdicts, inherited by the next messenger
 
 
 def serve() -> None:
-    """In the forkserver (nbddp/_forkserver.py): take offers on SIGUSR2. Children get SIGUSR2's
-    default back and not the pipe (os.register_at_fork), so a rank is untouched."""
+    """In the forkserver (nbddp/_forkserver.py): take offers in a before-fork hook, which runs
+    in the forkserver's main loop just before it forks (never in a signal handler). Children
+    do not get the pipe (os.register_at_fork), so a rank is untouched."""
     global _channel
     if _channel is not None:
         return
     r, w = os.pipe()
     os.set_blocking(r, False)
     _channel = (r, w)
-    signal.signal(SIGNAL, _on_offer)
-    os.register_at_fork(after_in_child=_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_in_child)
 
 
 def _in_child() -> None:
-    try:
-        signal.signal(SIGNAL, signal.SIG_DFL)
-    except ValueError:  # forked from another thread
-        pass
+    global _busy
+    _busy = True  # a child never takes offers (a probe forked from the hook, a rank)
     if _channel is not None:
         for fd in _channel:
             try:
@@ -220,18 +235,20 @@ def _in_child() -> None:
                 pass
 
 
-def _on_offer(signum, frame) -> None:
-    """SIGUSR2 in the forkserver's main thread: handle every offer waiting in the pipe.
-    Never raises (an exception here would end the forkserver)."""
+def _before_fork() -> None:
+    """Just before the forkserver forks: handle every offer waiting in the pipe. Never raises
+    (an exception here would fail the fork); the probe's own fork does not re-enter."""
     global _busy
     if _busy or _channel is None:
-        return  # the running handler reads the pipe again before it returns
+        return
     _busy = True
     try:
         while True:
             try:
                 data = os.read(_channel[0], 1 << 20)
             except BlockingIOError:
+                break
+            if not data:
                 break
             for line in data.splitlines():
                 try:
@@ -245,6 +262,7 @@ def _on_offer(signum, frame) -> None:
 
 
 def _take(offer: dict) -> None:
+    global _verdicts
     for entry in offer.get("path", []):
         if entry not in sys.path:
             sys.path.append(entry)
@@ -259,15 +277,7 @@ def _take(offer: dict) -> None:
                     __import__(name)
                 except BaseException as exc:  # noqa: BLE001 - the forkserver must go on
                     verdicts[name] = f"failed here: {type(exc).__name__}"
-    pid, fd = offer["reply"]
-    try:
-        out = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY)
-        try:
-            os.write(out, (json.dumps(verdicts) + "\n").encode())
-        finally:
-            os.close(out)
-    except OSError:
-        pass
+    _verdicts = {offer.get("token"): verdicts}
 
 
 def _threads() -> int:
@@ -338,33 +348,27 @@ def _probe(names: list[str]) -> dict[str, str]:
         return {n: "not preloaded: the probe did not finish" for n in names}
 
 
-def deliver(names: list[str], path: list[str], conn) -> None:
-    """The messenger (a process forked from the forkserver): hand the offer to its parent,
-    wait for the verdicts and pass them to the kernel over ``conn``."""
-    verdicts = {}
+def post(token: str, names: list[str], path: list[str]) -> None:
+    """The first messenger (forked from the forkserver): leave the offer in its parent's pipe.
+    Exits 0 when it did."""
+    if _channel is None:  # the forkserver's state, inherited by this fork
+        os._exit(1)
+    offer = json.dumps({"token": token, "names": names, "path": path})
     try:
-        if _channel is None:  # the forkserver's state, inherited by this fork
-            raise RuntimeError("this forkserver takes no offers")
-        r, w = os.pipe()
-        server = os.getppid()
-        offer = json.dumps({"names": names, "path": path, "reply": [os.getpid(), w]})
-        fd = os.open(f"/proc/{server}/fd/{_channel[1]}", os.O_WRONLY)  # closed in this child
+        fd = os.open(f"/proc/{os.getppid()}/fd/{_channel[1]}", os.O_WRONLY)  # closed in this child
         try:
             os.write(fd, (offer + "\n").encode())
         finally:
             os.close(fd)
-        os.kill(server, SIGNAL)
-        ready, _, _ = select.select([r], [], [], PROBE_TIMEOUT_S * 2)
-        line = b""
-        while ready and not line.endswith(b"\n"):
-            chunk = os.read(r, 1 << 20)
-            if not chunk:
-                break
-            line += chunk
-        verdicts = json.loads(line) if line else {}
-    except Exception:
-        verdicts = {}
+    except OSError:
+        os._exit(1)
+    os._exit(0)
+
+
+def deliver(token: str, conn) -> None:
+    """The second messenger: its fork ran the forkserver's hook, which took the offer; the
+    verdicts are in this process's copy of the forkserver's memory. Pass them to the kernel."""
     try:
-        conn.send(verdicts)
+        conn.send(dict(_verdicts.get(token, {})))
     finally:
         conn.close()

@@ -89,3 +89,30 @@ def test_nbddp_preload_0_offers_nothing(tmp_path):
         assert _mods(reply, 2) == [{"nbpre_off": False, "torch._dynamo": True}] * 2  # the base list stays
     finally:
         k.shutdown()
+
+
+def test_offers_while_ranks_are_forked_never_stall_the_forkserver(tmp_path):
+    """A new module imported before each of many short cells: the offer after each cell (in
+    the spares' refill) meets the next cell's forks. The forkserver once took offers in a
+    SIGUSR2 handler, which could run inside another fork's after-fork hook and fork again
+    there (it deadlocked 1-3 times in 150 cells), and stale() iterated a dict the offer thread
+    was changing (RuntimeError in 0-5 of 150)."""
+    cells = 150
+    for i in range(cells):
+        (tmp_path / f"offered_{i}.py").write_text(f"VALUE = {i}\n")
+    k = Kernel(cwd=str(tmp_path))
+    try:
+        k.ok("%load_ext nbddp")
+        k.ok("%%ddp -n 1\npass", timeout=300)
+        failed = []
+        for i in range(cells):
+            k.ok(f"import offered_{i}")
+            reply = k.execute(f"%%ddp -n 2 --timeout 20 --output text\nimport offered_{i}\n"
+                              f"print('value', offered_{i}.VALUE)", timeout=60)
+            if reply.status != "ok" or reply.stdout.count(f"value {i}") != 2:
+                failed.append((i, reply.text[-300:]))
+        assert not failed, f"{len(failed)} of {cells} cells failed, e.g. {failed[:2]}"
+        offered = _offered(k)
+        assert sum(v == "ok" for k_, v in offered.items() if k_.startswith("offered_")) >= cells - 5, offered
+    finally:
+        k.shutdown()
