@@ -87,7 +87,7 @@ class RankProcs:
             self._watch(rank, plumbing)
         fresh = list(zip(ranks, made, jobs))[len(ready):]
         try:
-            starter.start_all([plumbing.process for _, plumbing, _ in fresh])
+            restarted = self._start_fresh(fresh, ctx, start_method, duplex) or restarted
         finally:  # also after a failed start: the started ranks are watched (and ended)
             for rank, plumbing, job in fresh:
                 plumbing.close_child_ends()
@@ -98,6 +98,27 @@ class RankProcs:
                 plumbing.send_job(job)
                 self._watch(rank, plumbing)
         return restarted
+
+    @staticmethod
+    def _start_fresh(fresh: list, ctx, start_method: str, duplex: bool) -> str | None:
+        """Fork ``fresh`` [(rank, plumbing, job)]; a forkserver that does not answer in time is
+        ended, and the ranks start on a new one (``fresh`` then holds their new plumbing).
+        Returns the line to show when that happened."""
+        limit = starter.answer_limit() if start_method == "forkserver" else None
+        try:
+            starter.start_all([plumbing.process for _, plumbing, _ in fresh], limit=limit)
+            return None
+        except starter.ForkserverStuck as stuck:
+            for i, (rank, plumbing, job) in enumerate(fresh):
+                if not plumbing.started:
+                    plumbing.discard()
+                    plumbing = spares.Plumbing(ctx, duplex=duplex)
+                    rank.process, rank.ctl, rank.lifeline_w = plumbing.process, plumbing.ctl, plumbing.life_w
+                    fresh[i] = (rank, plumbing, job)
+            starter.ensure_forkserver()
+            starter.start_all([plumbing.process for _, plumbing, _ in fresh if not plumbing.started])
+            return (f"the forkserver (pid {stuck.pid}) did not answer in {stuck.waited:.0f} s, so nbddp "
+                    "ended it and started a new one: this cell waits for torch to be imported again")
 
     def _watch(self, rank: Rank, plumbing) -> None:
         res = rank.result

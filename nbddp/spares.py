@@ -111,7 +111,9 @@ def refill(n: int) -> None:
     def work():
         try:
             ctx = starter.context("forkserver")
-            if preload.offer(ctx, starter.start):  # the notebook's new modules, before these forks
+            with starter.offering():
+                offered = preload.offer(ctx, starter.start)
+            if offered:  # the notebook's new modules, imported before these forks
                 with _lock:  # spares forked before lack them
                     outdated = list(_stock)
                     _stock.clear()

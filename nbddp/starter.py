@@ -3,8 +3,12 @@ without forking the multi-threaded kernel or a process that has touched CUDA), o
 """
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
+import time
+from contextlib import contextmanager
 
 import multiprocess
 from multiprocess import forkserver, spawn, util
@@ -93,14 +97,52 @@ def start(process) -> None:
         _starting.active = False
 
 
-def start_all(processes) -> None:
+FORK_ANSWER_S = 10.0  # a forkserver that has forked before answers a fork request in ms
+
+
+class ForkserverStuck(RuntimeError):
+    """The forkserver did not fork within the limit; it was killed (``pid``)."""
+
+    def __init__(self, pid: int | None, waited: float):
+        super().__init__(f"the forkserver (pid {pid}) did not answer in {waited:.0f} s")
+        self.pid, self.waited = pid, waited
+
+
+_answered: int | None = None  # the forkserver that has forked for this kernel (so it is warm)
+_offering = threading.Event()  # set while an offer may keep the forkserver busy (nbddp/preload.py)
+
+
+@contextmanager
+def offering():
+    """While the forkserver may be importing an offer (seconds), fork requests wait for it."""
+    _offering.set()
+    try:
+        yield
+    finally:
+        _offering.clear()
+
+
+def answer_limit() -> float | None:
+    """How long a fork request may take: short once the forkserver has answered before and no
+    offer keeps it importing; None (no limit) while it may still be importing torch."""
+    if _offering.is_set() or _answered is None or _answered != forkserver._forkserver._forkserver_pid:
+        return None
+    return FORK_ANSWER_S
+
+
+def start_all(processes, limit: float | None = None) -> None:
     """Start several ranks at once. Each start waits ~5 ms for the forkserver to fork a
     torch-sized process; in threads (the wait releases the GIL) one rank's fork overlaps the
     next one's pickling, which shortens a 4-rank launch by a third. Returns when every start
-    has returned (an interrupt meanwhile is re-raised after, so no rank starts unseen)."""
-    if len(processes) <= 1:
+    has returned (an interrupt meanwhile is re-raised after, so no rank starts unseen). With
+    ``limit``, a forkserver that has not forked them all by then is killed (the blocked starts
+    then fail at once) and ForkserverStuck is raised: a stuck forkserver never holds the
+    kernel."""
+    global _answered
+    if len(processes) <= 1 and limit is None:
         for process in processes:
             start(process)
+        _answered = forkserver._forkserver._forkserver_pid
         return
     errors: list[BaseException] = []
 
@@ -111,20 +153,48 @@ def start_all(processes) -> None:
             errors.append(exc)
 
     threads = [threading.Thread(target=one, args=(p,), name="nbddp-start", daemon=True) for p in processes]
+    began = time.monotonic()
     for thread in threads:
         thread.start()
-    interrupted = None
+    interrupted, stuck = None, None
     for thread in threads:
         while True:
             try:
-                thread.join()
+                left = None if limit is None else max(0.0, began + limit - time.monotonic())
+                thread.join(left)
+                if thread.is_alive() and stuck is None:  # only with a limit
+                    stuck = _kill_forkserver()
+                    continue
                 break
             except KeyboardInterrupt as exc:
                 interrupted = exc
+    if stuck is not None:
+        raise ForkserverStuck(stuck, time.monotonic() - began)
     if interrupted is not None:
         raise interrupted
     if errors:
         raise errors[0]
+    _answered = forkserver._forkserver._forkserver_pid
+
+
+def _kill_forkserver() -> int | None:
+    """SIGKILL the forkserver (it does not answer): fork requests waiting on it fail at once,
+    and the next ensure_running() starts a new one."""
+    pid = forkserver._forkserver._forkserver_pid
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            return pid
+        deadline = time.monotonic() + 5.0  # dead (not reaped: multiprocess reaps it) before
+        while time.monotonic() < deadline:  # ensure_running() looks, or it reuses the old one
+            try:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    break
+            except ChildProcessError:
+                break
+            time.sleep(0.01)
+    return pid
 
 
 _torch_ready = threading.Event()

@@ -403,3 +403,32 @@ print("PID", p.pid, flush=True)
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_stuck_forkserver_is_replaced_and_the_cell_runs(tmp_path):
+    """A forkserver that stops answering (SIGSTOP here; a deadlock in the field) must not hold
+    the kernel: the fork request gives up after starter.FORK_ANSWER_S, the forkserver is ended
+    and replaced, said in one line, and the cell runs. Spares are off, so the cell must fork."""
+    k = Kernel(cwd=str(tmp_path), env={**os.environ, "NBDDP_SPARES": "0"})
+    try:
+        k.ok("%load_ext nbddp")
+        k.ok("%%ddp -n 2\npass", timeout=300)
+        stuck = int(k.ok("from multiprocess import forkserver as _fs; "
+                         "print(_fs._forkserver._forkserver_pid)").stdout.split()[-1])
+        os.kill(stuck, signal.SIGSTOP)
+        try:
+            reply = k.execute("%%ddp -n 2 --timeout 60 --output text\nprint('cell-ran')", timeout=150)
+        finally:
+            try:
+                os.kill(stuck, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert reply.status == "ok", reply.text
+        assert reply.stdout.count("cell-ran") == 2, reply.text
+        assert f"the forkserver (pid {stuck}) did not answer" in reply.text, reply.text
+        assert not wait_gone([stuck], 5), "the stuck forkserver was not ended"
+        again = k.execute("%%ddp -n 2 --timeout 30 --output text\nprint('ran-again')", timeout=60)
+        assert again.status == "ok" and again.stdout.count("ran-again") == 2, again.text
+        assert "did not answer" not in again.text
+    finally:
+        k.shutdown()
