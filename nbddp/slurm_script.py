@@ -3,9 +3,10 @@
 Pure text: no processes. The job is the usual ``srun torchrun`` recipe: one task per node, each
 task a torchrun agent starting the node's ranks, all meeting at a c10d rendezvous on the job's
 first node. torchrun is run as ``$PYTHON -m torch.distributed.run`` (the same program as the
-``torchrun`` command) so the job names the interpreter that has torch: ``PYTHON`` defaults to
-``python`` on the node's PATH, or is given at submission (``PYTHON=... sbatch train.sbatch``;
-sbatch passes the submitter's environment on).
+``torchrun`` command) so the job names the interpreter that has torch: the exporting kernel's
+own (``sys.executable``) where that path exists on the node (a shared filesystem, as
+``--launcher slurm`` assumes), else ``python`` on the node's PATH; ``PYTHON=... sbatch
+train.sbatch`` overrides both (sbatch passes the submitter's environment on).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import math
 import os
 import re
 import shlex
+import sys
 
 from .spec import LaunchSpec
 
@@ -69,8 +71,21 @@ def torchrun_words(spec: LaunchSpec) -> list[str]:
             '--rdzv-id="$SLURM_JOB_ID"'] + agent_extras(spec)
 
 
-def sbatch_text(spec: LaunchSpec, script: str, line: str = "") -> str:
-    """The whole ``.sbatch`` file for ``script`` (its path relative to where the job is submitted)."""
+def interpreter_lines(python: str) -> list[str]:
+    """Shell lines that set ``PYTHON``: a given one wins, then ``python`` (the exporting kernel's
+    interpreter) where it exists on the node, then ``python`` from the node's PATH."""
+    return ["# The interpreter with torch: the exporting notebook kernel's (below) where it exists here",
+            "# (a shared filesystem puts it on every node), else `python` from the node's PATH (activate",
+            "# your environment above). PYTHON=... sbatch chooses another (sbatch passes your environment on).",
+            f"kernel_python={shlex.quote(python)}",
+            'if [ -z "${PYTHON:-}" ]; then',
+            '  if [ -x "$kernel_python" ]; then PYTHON=$kernel_python; else PYTHON=python; fi',
+            "fi"]
+
+
+def sbatch_text(spec: LaunchSpec, script: str, line: str = "", python: str | None = None) -> str:
+    """The whole ``.sbatch`` file for ``script`` (its path relative to where the job is submitted);
+    ``python``: the interpreter the job prefers (default: this process's, the exporting kernel's)."""
     name = os.path.splitext(os.path.basename(script))[0] or "nbddp"
     module = "torch.distributed.launch" if spec.legacy_launch is not None else "torch.distributed.run"
     port = spec.master_port
@@ -79,11 +94,8 @@ def sbatch_text(spec: LaunchSpec, script: str, line: str = "") -> str:
            "# Exported by nbddp from a %%ddp cell.",
            f"# Submit it from the folder of {os.path.basename(script)}: sbatch {name}.sbatch"]
     out += [f"#SBATCH {option}" for option in sbatch_options(spec, name)]
-    out += ["", "set -euo pipefail",
-            "# The interpreter that has torch on every node (activate your environment above, or",
-            "# set PYTHON when you submit: sbatch passes your environment on).",
-            'PYTHON=${PYTHON:-python}',
-            "# torchrun's c10d rendezvous runs on the job's first node; the port is taken from the",
+    out += ["", "set -euo pipefail"] + interpreter_lines(python or sys.executable)
+    out += ["# torchrun's c10d rendezvous runs on the job's first node; the port is taken from the",
             "# job id so two jobs sharing a node do not collide (set RDZV_PORT to choose it).",
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             f"rdzv_port=${{RDZV_PORT:-{port}}}" if port is not None else

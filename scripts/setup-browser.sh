@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # What tests/test_browser.py needs: Debian's chromium (never a downloaded browser) and, in .venv,
 # JupyterLab and playwright (with torch pinned so nothing can replace it). Idempotent and quiet.
+# Changes only what it must: the apt packages above, and .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x /usr/bin/chromium ]; then
   sudo=""
   if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then sudo="sudo"; fi
   $sudo apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  # chromium and the fonts pages are laid out with, nothing it only recommends (26 packages here, not
+  # 131: no udev, upower, avahi, cups helpers, notification daemon); the tests run it headless,
+  # without sandbox or GPU
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null
 fi
 py=.venv/bin/python
 if [ ! -x "$py" ]; then bash scripts/setup-venv.sh test; fi

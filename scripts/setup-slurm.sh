@@ -2,29 +2,94 @@
 # A real Slurm on this one machine, for the Slurm tests and lesson 07: Debian's slurm-wlm and
 # munge, one partition "nbddp" of two simulated nodes (two slurmd, NodeHostname=localhost,
 # distinct ports) when this Slurm allows it, else one node. No systemd or cgroups needed
-# (proctrack/linuxproc, task/none), so it runs in a container. Idempotent: when the node(s) are
-# already idle it returns at once. Run as root. Env: NBDDP_SLURM_NODES=1 forces one node.
+# (proctrack/linuxproc, task/none), so it runs in a container. Run as root.
+#
+#   setup-slurm.sh         install (once) and start; returns at once when it already runs, and
+#                          never restarts a Slurm that has jobs (it says so and fails instead)
+#   setup-slurm.sh stop    stop the daemons it started (slurmctld, slurmd, and munged if it
+#                          started that); refuses while jobs are queued or running unless --force
+#
+# The daemons listen on this host's name's address only (CommunicationParameters NoInAddrAny,
+# NoCtldInAddrAny), which is loopback where the name resolves to 127.x (as here, and Debian's
+# default 127.0.1.1); Slurm has no setting to bind a given address, so elsewhere it says where.
+# Env: NBDDP_SLURM_NODES=1 forces one node.
 set -euo pipefail
 conf_dir=/etc/slurm
 conf=$conf_dir/slurm.conf
 log_dir=/var/log/slurm
 want_nodes="${NBDDP_SLURM_NODES:-2}"
+munged_ours=/run/nbddp-slurm-started-munged  # present while a munged this script started runs
 
 if [ "$(id -u)" != 0 ]; then
   echo "setup-slurm.sh: run as root (it installs packages and starts daemons)" >&2
   exit 1
 fi
 
-idle() {  # all configured nodes idle (or mixed/allocated: up and usable)
+idle() {  # all configured nodes up and usable (idle, or busy with jobs: mixed/allocated/completing)
   command -v sinfo >/dev/null || return 1
   local states
   states=$(timeout 5 sinfo -h -N -o "%t" 2>/dev/null) || return 1
-  [ -n "$states" ] && ! grep -qvE '^(idle|mix|alloc)$' <<<"$states"
+  [ -n "$states" ] && ! grep -qvE '^(idle|mix|alloc|comp)$' <<<"$states"
 }
 
-if [ -f "$conf" ] && grep -q "nbddp one-machine" "$conf" && idle; then
+running() {  # pid files of live slurm daemons
+  local f
+  for f in /run/slurmctld.pid /run/slurmd-*.pid; do
+    [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && echo "$f"
+  done
+  return 0
+}
+
+jobs_listed() { command -v squeue >/dev/null && timeout 5 squeue -h -o "%i %j %T" 2>/dev/null; }
+
+stop_pids() {  # SIGTERM, then wait (10 s at most) for each to exit
+  local f pid pids=()
+  for f in "$@"; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f"); rm -f "$f"
+    kill "$pid" 2>/dev/null && pids+=("$pid")
+  done
+  for _ in $(seq 100); do
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && { sleep 0.1; continue 2; }; done
+    return 0
+  done
+  echo "setup-slurm.sh: still running after 10 s: ${pids[*]}" >&2
+  return 1
+}
+
+if [ "${1:-}" = stop ]; then
+  if [ "${2:-}" != --force ]; then  # a job that just ended is listed a moment longer (completing)
+    for _ in $(seq 20); do [ -n "$(running)" ] && [ -n "$(jobs_listed)" ] || break; sleep 0.5; done
+  fi
+  if [ -n "$(running)" ] && [ -n "$(jobs_listed)" ] && [ "${2:-}" != --force ]; then
+    echo "setup-slurm.sh stop: jobs still listed, not stopping (--force to stop anyway):" >&2
+    jobs_listed >&2
+    exit 1
+  fi
+  # shellcheck disable=SC2046
+  stop_pids $(running)
+  if [ -f "$munged_ours" ]; then
+    stop_pids /run/munge/munged.pid || true
+    rm -f "$munged_ours"
+  fi
+  echo "slurm: stopped"
+  exit 0
+elif [ -n "${1:-}" ]; then
+  echo "usage: setup-slurm.sh [stop [--force]]" >&2
+  exit 2
+fi
+
+# (a configuration from before the daemons were bound to one address is replaced, when no job runs)
+if [ -f "$conf" ] && grep -q "nbddp one-machine" "$conf" \
+    && { grep -q "NoInAddrAny" "$conf" || ! getent ahostsv4 "$(hostname)" >/dev/null; } && idle; then
   echo "slurm: already running ($(sinfo -h -N -o '%N %t' | tr '\n' ' '))"
   exit 0
+fi
+if [ -n "$(running)" ] && [ -n "$(jobs_listed)" ]; then
+  echo "setup-slurm.sh: Slurm runs jobs but its nodes are not all usable; not restarting it under them:" >&2
+  jobs_listed >&2
+  sinfo -N >&2 || true
+  exit 1
 fi
 
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
@@ -49,11 +114,22 @@ if ! munge -n </dev/null >/dev/null 2>&1; then
   else
     /usr/sbin/munged --force
   fi
+  touch "$munged_ours"  # so `stop` ends it; a munged that was already running is left alone
   for _ in $(seq 50); do munge -n </dev/null >/dev/null 2>&1 && break; sleep 0.1; done
 fi
 
 # ---- slurm.conf
 host=$(hostname -s)
+# The address Slurm binds (NoInAddrAny: what the host's name resolves to) is the one everything is
+# reached at; where the name does not resolve, Slurm would stop, so it binds every interface then.
+addr=$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR == 1 {print $1}')
+bind_line="CommunicationParameters=NoInAddrAny,NoCtldInAddrAny"
+if [ -z "$addr" ]; then
+  addr=127.0.0.1; bind_line=""
+  echo "slurm: this host's name does not resolve; the daemons listen on every interface" >&2
+elif [[ "$addr" != 127.* ]]; then
+  echo "slurm: this host's name resolves to $addr, not loopback: the daemons listen there" >&2
+fi
 cpus=$(nproc)
 mem=$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)
 mkdir -p "$conf_dir" "$log_dir" /var/spool/slurmctld /var/spool/slurmd
@@ -64,7 +140,8 @@ write_conf() {
   {
     echo "# nbddp one-machine Slurm (scripts/setup-slurm.sh); $nodes node(s)"
     echo "ClusterName=nbddp"
-    echo "SlurmctldHost=$host(127.0.0.1)"
+    echo "SlurmctldHost=$host($addr)"
+    [ -z "$bind_line" ] || echo "$bind_line"
     echo "SlurmUser=root"
     echo "SlurmdUser=root"
     echo "AuthType=auth/munge"
@@ -91,11 +168,11 @@ write_conf() {
     if [ "$nodes" = 2 ]; then
       # the first node is named as this host, so a job's first node name (its rendezvous host)
       # resolves here; the second node's name is Slurm's only (Slurm reaches both at NodeAddr)
-      echo "NodeName=$host NodeHostname=localhost NodeAddr=127.0.0.1 Port=17001 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
-      echo "NodeName=$host-2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17002 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+      echo "NodeName=$host NodeHostname=localhost NodeAddr=$addr Port=17001 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+      echo "NodeName=$host-2 NodeHostname=localhost NodeAddr=$addr Port=17002 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
       echo "PartitionName=nbddp Nodes=$host,$host-2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
     else
-      echo "NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+      echo "NodeName=$host NodeAddr=$addr CPUs=$cpus RealMemory=$mem State=UNKNOWN"
       echo "PartitionName=nbddp Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
     fi
   } >"$conf"
@@ -109,13 +186,9 @@ write_conf() {
 }
 
 stop_daemons() {
-  local f
-  for f in /run/slurmctld.pid /run/slurmd-*.pid; do
-    [ -f "$f" ] || continue
-    kill "$(cat "$f")" 2>/dev/null || true
-    rm -f "$f"
-  done
-  sleep 0.5
+  # shellcheck disable=SC2046
+  stop_pids $(running)
+  rm -f /run/slurmctld.pid /run/slurmd-*.pid
 }
 
 start() {

@@ -15,9 +15,20 @@ from kernel import Kernel, alive
 from nbddp.slurm_script import sbatch_options, sbatch_text
 from nbddp.spec import parse_line
 
-HAVE_SLURM = shutil.which("sinfo") is not None
+def slurm_answers() -> bool:
+    """sinfo exists and its controller answers (installed but stopped, e.g. after
+    ``scripts/setup-slurm.sh stop``, does not count)."""
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=5).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+HAVE_SLURM = slurm_answers()
 needs_slurm = pytest.mark.skipif(not HAVE_SLURM and os.environ.get("CI") != "true",
-                                 reason="no Slurm here (sinfo not found); bash scripts/setup-slurm.sh installs one")
+                                 reason="no Slurm answers here; bash scripts/setup-slurm.sh installs and starts one")
 
 CELL = """import os, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -39,7 +50,7 @@ def test_sbatch_text_asks_for_the_cells_shape_and_runs_torchrun_per_node():
                  "#SBATCH --cpus-per-task=4", "#SBATCH --time=30", "#SBATCH --partition=debug",
                  "#SBATCH --account=proj", "#SBATCH --output=%x-%j.out",
                  'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                 "export GREETING='hi there'", 'PYTHON=${PYTHON:-python}',
+                 "export GREETING='hi there'", 'if [ -z "${PYTHON:-}" ]; then',
                  '--nnodes="$SLURM_NNODES" --nproc-per-node=4 --rdzv-backend=c10d '
                  '--rdzv-endpoint="$head_node:$rdzv_port" --rdzv-id="$SLURM_JOB_ID"',
                  "  train.py --lr 0.5"):
@@ -55,6 +66,33 @@ def test_sbatch_lines_win_over_ours_and_gpus_are_asked_for_nccl():
                                            "--gpus-per-node=4", "-c 16", "--qos=high", "--output=logs/%j.txt"]
     assert "--rdzv-conf=join_timeout=60 --max-restarts=2" in sbatch_text(
         parse_line("--slurm -n 2 --rdzv-timeout 60 --max-restarts 2 --launcher torchrun"), "a.py")
+
+
+@pytest.mark.parametrize("kernel_python, given, runs", [
+    (sys.executable, None, sys.executable),          # the exporting kernel's interpreter, where it exists
+    ("/nowhere/venv/bin/python", None, "python"),    # a path this node lacks: python from PATH
+    (sys.executable, "/opt/env/bin/python", "/opt/env/bin/python"),  # PYTHON= at submission wins
+])
+def test_the_job_runs_the_kernels_interpreter_where_it_exists(tmp_path, kernel_python, given, runs):
+    """The job's own shell text runs under bash; ``srun`` and ``scontrol`` are stand-ins that only
+    write down the command line Slurm would have run, so no Slurm is needed."""
+    text = sbatch_text(parse_line("--slurm -n 2"), "train.py", "-n 2", python=kernel_python)
+    assert f"kernel_python={kernel_python}" in text.splitlines()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\n')
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho node0\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    (tmp_path / "train.sbatch").write_text(text)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", SRUN_ARGS=str(tmp_path / "args"),
+               SLURM_JOB_NODELIST="node0", SLURM_JOB_ID="7", SLURM_NNODES="1", SLURM_CPUS_PER_TASK="2")
+    if given:
+        env["PYTHON"] = given
+    subprocess.run(["bash", "train.sbatch"], cwd=tmp_path, env=env, check=True, timeout=30)
+    argv = (tmp_path / "args").read_text().splitlines()
+    assert argv[argv.index("--kill-on-bad-exit=1") + 1:][:3] == [runs, "-m", "torch.distributed.run"], argv
 
 
 @pytest.mark.parametrize("line, words", [
@@ -96,7 +134,7 @@ def steps(job_id: str) -> list[str]:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     if not HAVE_SLURM:
-        pytest.fail("CI=true but Slurm is not installed: scripts/test.sh runs scripts/setup-slurm.sh")
+        pytest.fail("CI=true but no Slurm answers: scripts/test.sh runs scripts/setup-slurm.sh")
     folder = tmp_path_factory.mktemp("slurmjob")
     k = Kernel(cwd=str(folder))
     k.ok("%load_ext nbddp")
@@ -115,8 +153,10 @@ def in_cell(kernel) -> list[str]:
 
 
 def submit(folder, name: str, log_dir) -> subprocess.Popen:
-    """``sbatch --wait`` as a user submits it; PET_* only sends each rank's output to its own file."""
-    env = dict(os.environ, PYTHON=sys.executable, PET_LOG_DIR=str(log_dir), PET_REDIRECTS="3")
+    """``sbatch --wait`` as a user submits it, without PYTHON (the job finds the kernel's
+    interpreter itself); PET_* only sends each rank's output to its own file."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env.update(PET_LOG_DIR=str(log_dir), PET_REDIRECTS="3")
     return subprocess.Popen(["sbatch", "--wait", f"{name}.sbatch"], cwd=folder, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
