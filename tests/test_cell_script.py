@@ -4,7 +4,8 @@ does, the last stderr line of a rank that exits by itself, and one-line hints fo
 code on this CPU build of torch. Real kernel, real ranks, real hydra."""
 import json
 import os
-import textwrap
+import signal
+import time
 
 import pytest
 
@@ -33,24 +34,42 @@ def test_file_and_argv0_are_beside_the_notebook(kernel):
     folder = cwd_of(kernel)
     with open(os.path.join(folder, "data.txt"), "w") as f:
         f.write("beside the notebook\n")
+    os.makedirs(os.path.join(folder, "datapkg"), exist_ok=True)  # a package beside the notebook, with data
+    for name, text in (("__init__.py", ""), ("vocab.txt", "a b c\n")):
+        with open(os.path.join(folder, "datapkg", name), "w") as f:
+            f.write(text)
     reply = kernel.ok("""%%ddp -n 2
-import inspect, json, os, sys
+import importlib.resources, inspect, json, os, sys
 from pathlib import Path
 def where(): pass
 print("FACTS", json.dumps({
     "dir": os.path.dirname(__file__), "argv0": sys.argv[0] == __file__, "exists": os.path.exists(__file__),
     "getfile": os.path.dirname(inspect.getfile(where)), "module": inspect.getfile(sys.modules["__main__"]) == __file__,
     "data": (Path(__file__).parent / "data.txt").read_text().strip(),
+    "resource": importlib.resources.files("datapkg").joinpath("vocab.txt").read_text().strip(),
     "hidden": os.path.basename(__file__).startswith(".")}))
 """)
     facts = [json.loads(line.split("FACTS ", 1)[1]) for line in reply.stdout.splitlines() if "FACTS " in line]
     assert len(facts) == 2, reply.text
     for fact in facts:
         assert fact == {"dir": folder, "argv0": True, "exists": True, "getfile": folder, "module": True,
-                        "data": "beside the notebook", "hidden": True}
+                        "data": "beside the notebook", "resource": "a b c", "hidden": True}
     assert left_behind(folder) == []  # removed when the launch ended
     kept = json.loads(kernel.ok("import json; print(json.dumps([_ddp.script, open(_ddp.cell_file).read()]))").stdout)
     assert os.path.dirname(kept[0]) == folder and "read_text" in kept[1]  # the full copy stays in the log folder
+
+
+def test_script_goes_with_a_killed_kernel(fresh_kernel, tmp_path):
+    fresh_kernel.kc.execute("%%ddp -n 1\nimport time\nprint('running', flush=True)\ntime.sleep(60)")
+    deadline = time.monotonic() + 30
+    while not left_behind(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left_behind(tmp_path), "the launch wrote no script beside the notebook"
+    os.kill(fresh_kernel.pid, signal.SIGKILL)  # no atexit, no finally: only the janitor is left
+    deadline = time.monotonic() + 10
+    while left_behind(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left_behind(tmp_path) == []
 
 
 def test_hydra_app_with_config_path_dot(kernel):
