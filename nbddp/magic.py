@@ -68,7 +68,7 @@ class DDPMagics(Magics):
             export.export_cell(spec.export, cell, line, spec)
         if spec.launcher == "torchrun":  # torch's elastic launcher runs the cell (nbddp/elastic.py)
             from . import elastic
-            result = elastic.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))
+            result = elastic.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell), cell_label=label)
         elif spec.launcher == "slurm":  # srun runs torchrun on each node of an allocation (nbddp/slurm.py)
             from . import slurm
             result = slurm.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))

@@ -185,6 +185,21 @@ def test_pool_cells_are_scripts_beside_the_notebook_too(kernel):
     assert "in the pool" in out
 
 
+def test_torchrun_launcher_runs_the_script_beside_the_notebook(kernel):
+    folder = cwd_of(kernel)
+    n = prompt_number(kernel)
+    reply = kernel.execute("""%%ddp --launcher torchrun -n 2
+import os, sys
+print("TR", os.path.dirname(__file__) == os.getcwd(), sys.argv[0] == __file__, os.path.exists(__file__))
+if os.environ["RANK"] == "1":
+    raise ValueError("under torchrun")
+""", timeout=120)
+    text = report(reply)
+    assert reply.text.count("TR True True True") == 2, reply.text
+    assert f"Cell In[{n}], line 5, in <module>" in reply.text + text, reply.text + text
+    assert left_behind(folder) == []
+
+
 # Unchanged GPU code from the tutorials, on this CPU build: each gets its one-line hint.
 GPU_SNIPPETS = {
     "set_device": ("import os, torch\ntorch.cuda.set_device(int(os.environ['LOCAL_RANK']))",
