@@ -17,12 +17,14 @@ from .textview import TextView
 
 def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec | None = None,
         sinks=None, check: bool = True, cwd: str | None = None, env_base: dict | None = None,
-        push: dict | None = None, **options):
+        push: dict | None = None, cell_label: str | None = None, **options):
     """Run ``target`` (a cell's source text, or a callable) on ranked workers; returns RunResult.
 
     Options are those of ``%%ddp`` with underscores (``nproc_per_node=2, nnodes=2,
     master_port=29500, timeout=10, env={...}``). With ``check`` (the default) a failed launch
-    raises DDPError (DDPTimeout on timeout) after all output was shown.
+    raises DDPError (DDPTimeout on timeout) after all output was shown. ``cell_label`` names
+    the source in tracebacks and stacks (``%%ddp`` gives "Cell In[N]"; by default the copy in
+    the launch's log folder).
     """
     if spec is None:
         spec = make_spec(n=n, **options)
@@ -38,7 +40,7 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
     if sinks is None:
         sinks = [TextView(spec)]
     launch = Launch(spec, source=source, func=func, args=args, kwargs=kwargs, sinks=sinks,
-                    cwd=cwd, base_env=env_base, push=push)
+                    cwd=cwd, base_env=env_base, push=push, cell_label=cell_label)
     result = launch.run()
     if check:
         result.raise_for_status()

@@ -7,7 +7,7 @@ import re
 import signal
 import time
 
-from .result import KILLED, OK
+from .result import FAILED, KILLED, OK
 
 NOT_TARGETED = "not targeted by this cell"
 
@@ -207,10 +207,33 @@ HINTS: list[tuple[re.Pattern, str]] = [
     (re.compile(r"invalid device ordinal|Duplicate GPU detected|device not set", re.I),
      "each rank must use its own GPU: torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) "
      "before creating tensors or the process group."),
+    # GPU code on a machine or a torch build without CUDA (the unchanged tutorials, on a laptop)
+    (re.compile(r"has no attribute '_cuda_setDevice'"),
+     "this torch is a CPU build, so torch.cuda.set_device(...) cannot run: on CPU drop the line "
+     "(or put it under `if torch.cuda.is_available():`); gloo needs no device."),
+    (re.compile(r"device_id \S+ does not match the current compilation's accelerator support|"
+                r"device_id is an int, but no accelerator support|"
+                r"device_id parameter must be an accelerator", re.I),
+     "init_process_group(device_id=...) binds the group to a GPU, and this torch is a CPU build "
+     "(or this machine has no GPU): drop device_id=... (gloo on CPU needs none)."),
+    (re.compile(r"device_ids and output_device arguments only work with .*module parameters "
+                r"\{device\(type='cpu'\)\}", re.I),
+     "device_ids=[local_rank] is for a model on that GPU, and this one is on the CPU: on CPU "
+     "give none, DDP(model)."),
     (re.compile(r"doesn't have NCCL built in|NCCL support is not compiled|"
-                r"Torch not compiled with CUDA enabled|has no attribute '_cuda_", re.I),
-     "this torch has no CUDA (or no NCCL): use the gloo backend, e.g. "
-     "dist.init_process_group(nbddp.backend()) picks gloo without GPUs."),
+                r"ProcessGroupNCCL is only supported with GPUs", re.I),
+     "nccl needs CUDA GPUs, and this torch is a CPU build (or this machine has no GPU): use gloo, "
+     "e.g. dist.init_process_group(nbddp.backend()), which picks nccl only where GPUs exist "
+     "(%%ddp --backend auto)."),
+    (re.compile(r"Torch not compiled with CUDA enabled|Cannot access accelerator device when "
+                r"none is available|has no attribute '_cuda_", re.I),
+     "this torch is a CPU build, so .cuda() / .to(local_rank) / device='cuda' cannot run: use "
+     "`device = torch.device('cuda', local_rank) if torch.cuda.is_available() else "
+     "torch.device('cpu')` and .to(device), or on CPU drop the .to(...)/.cuda()."),
+    (re.compile(r"No CUDA GPUs are available|Found no NVIDIA driver|no CUDA-capable device", re.I),
+     "this machine has no GPU, so .cuda() / .to(local_rank) / device='cuda' cannot run: use "
+     "`device = torch.device('cuda', local_rank) if torch.cuda.is_available() else "
+     "torch.device('cpu')` and .to(device), with the gloo backend."),
     (re.compile(r"Connection closed by peer|Connection reset by peer|"
                 r"connection reset|Broken pipe", re.I),
      "another rank ended (crashed, exited or simply finished) while this one waited in a "
@@ -235,31 +258,61 @@ def hint_for(text: str) -> str | None:
 
 
 def add_hints(result) -> None:
-    """Give each rank that did not finish ok the matching one-line hint from HINTS, and a rank
-    that crashed (SIGSEGV…) the cell line faulthandler's crash report names."""
+    """Give each rank that did not finish ok the matching one-line hint from HINTS, a rank
+    that crashed (SIGSEGV…) the cell line faulthandler's crash report names, and a rank that
+    exited non-zero without a traceback the last line it wrote to stderr as its cause."""
     for rank in result.ranks:
         if rank.ok or rank.hint:
             continue
         stderr = rank.stderr
         if rank.state == KILLED and " at cell line " not in rank.cause:
-            where = crash_line(stderr, os.path.join(result.log_dir, "cell.py"))
+            where = crash_line(stderr, result.script or result.cell_file, result.cell_file)
             if where:
                 rank.cause += f" at {where}"
+        if rank.state == FAILED and rank.exception is None and rank.cause.startswith("exited with code"):
+            said = last_error_line(stderr)
+            if said and said not in rank.cause:
+                rank.cause += f": {said}"
         text = (rank.exception or {}).get("message", "") + "\n" + stderr[-65536:]
         rank.hint = hint_for(text)
 
 
-def crash_line(stderr: str, cell_path: str) -> str | None:
-    """'cell line 4: ctypes.string_at(0)' from the last 'Fatal Python error' report in stderr."""
+_NOT_THE_CAUSE = re.compile(r"^\S+:\d+: \w*Warning: |"          # a warning the rank printed earlier
+                            r"HYDRA_FULL_ERROR|^Try '.*--help' for help")  # advice after the error
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def last_error_line(stderr: str) -> str | None:
+    """What a rank that exited by itself said last (hydra, argparse, click, a log line before
+    ``sys.exit(1)``): the exception line of the last traceback in ``stderr``, else its last
+    unindented line that does not introduce more (``Config search path:``) and is not a
+    warning or advice (hydra's ``Set the environment variable HYDRA_FULL_ERROR=1 …``);
+    shortened to ``CAUSE_LIMIT``."""
+    lines = [_ESCAPES.sub("", line.rsplit("\r", 1)[-1]).rstrip() for line in stderr[-65536:].splitlines()]
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
+                default=None)
+    if start is not None:
+        said = next((line for line in lines[start + 1:] if line and not line[0].isspace()), None)
+    else:
+        said = next((line for line in reversed(lines) if line and not line[0].isspace()
+                     and not line.endswith(":") and not _NOT_THE_CAUSE.search(line)), None)
+    if not said:
+        return None
+    return said if len(said) <= CAUSE_LIMIT else said[:CAUSE_LIMIT - 1].rstrip() + "…"
+
+
+def crash_line(stderr: str, script: str, source_file: str | None = None) -> str | None:
+    """'cell line 4: ctypes.string_at(0)' from the last 'Fatal Python error' report in stderr
+    (frames of ``script``; its source read from ``source_file``, the copy that outlives it)."""
     start = stderr.rfind("Fatal Python error")
     if start < 0:
         return None
     try:
-        with open(cell_path, encoding="utf-8") as f:
+        with open(source_file or script, encoding="utf-8") as f:
             source = f.read()
     except OSError:
         source = None
-    where = blocked_at(stderr[start:], cell_path, source)
+    where = blocked_at(stderr[start:], script, source)
     return where if where and where.startswith("cell line") else None
 
 

@@ -27,8 +27,9 @@ import time
 
 from IPython.core.error import UsageError
 
-from . import diagnosis, placement
-from .elastic_rank import LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
+from . import cellscript, diagnosis, placement
+from .cellnames import log_label
+from .elastic_rank import LABEL_VAR, LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from .envvars import legacy_flag
 from .logdirs import new_log_dir, private
 from .result import FAILED, KILLED, RUNNING, TERMINATED, RankResult, RunResult
@@ -94,14 +95,18 @@ class ElasticLaunch(Source):
     """
 
     interrupted_note = "interrupted: torchrun and all its ranks were stopped"
+    script_beside_notebook = True  # the ranks' __file__ in cwd (nbddp/cellscript.py)
 
     def __init__(self, spec: LaunchSpec, *, source: str, sinks=(), cwd: str | None = None,
-                 base_env: dict | None = None, device_count: int | None = None):
+                 base_env: dict | None = None, device_count: int | None = None,
+                 cell_label: str | None = None):
         if spec.push or spec.pull:
             raise UsageError("%%ddp: --push/--pull move values between the notebook and the local "
                              "launcher's ranks; with --launcher torchrun, save and load files instead")
         self.spec = spec
         self.source_text = source
+        self.label = cell_label
+        self.script = None
         self.sinks = list(sinks)
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -150,17 +155,20 @@ class ElasticLaunch(Source):
         log_dir = new_log_dir(spec.log_dir)
         self.status_dir = os.path.join(log_dir, "status")
         os.makedirs(self.status_dir, mode=0o700, exist_ok=True)
-        cell_path = os.path.join(log_dir, "cell.py")
-        with open(cell_path, "w", opener=private) as f:
+        log_copy = os.path.join(log_dir, "cell.py")
+        with open(log_copy, "w", opener=private) as f:
             f.write(self.source_text)
-        self.cell_path = cell_path
+        if self.script_beside_notebook:
+            self.script = cellscript.create(self.cwd, self.source_text)
+        self.cell_path = cell_path = self.script or log_copy
+        self.cell_label = self.label or log_label(log_copy)
         port = None
         if spec.rdzv_endpoint and ":" in spec.rdzv_endpoint:
             port = int(spec.rdzv_endpoint.rsplit(":", 1)[1])
         elif spec.master_port:
             port = spec.master_port
         self.result = RunResult(ranks=[], world_size=spec.world_size, log_dir=log_dir,
-                                master_port=port, started_at=time.time())
+                                master_port=port, started_at=time.time(), script=cell_path)
         for rank, local, node in self.expected_ranks():
             self._rank(rank, local, node)
         env = dict(self.base_env)
@@ -168,6 +176,7 @@ class ElasticLaunch(Source):
         env.update(dict(spec.env))
         env[PREFIX_VAR] = "[rank${rank}]:"
         env[STATUS_DIR_VAR] = self.status_dir
+        env[LABEL_VAR] = self.cell_label
         flag = legacy_flag(spec)
         if flag is not None:
             env[LEGACY_VAR] = flag
@@ -366,6 +375,7 @@ class ElasticLaunch(Source):
             _killpg(self.proc.pid, signal.SIGKILL)  # anything torchrun's session left behind
         for log in self.logs.values():
             log.close()
+        cellscript.remove(self.script)  # every rank has ended
 
     # ---------------------------------------------------------------- result
     def finish(self) -> None:
@@ -443,6 +453,7 @@ def _pg_alive(pgid: int | None) -> bool:
 
 
 def run_cell(source: str, spec: LaunchSpec, sinks=(), cwd: str | None = None,
-             base_env: dict | None = None) -> RunResult:
+             base_env: dict | None = None, cell_label: str | None = None) -> RunResult:
     """What the magic calls for ``--launcher torchrun``."""
-    return ElasticLaunch(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env).run()
+    return ElasticLaunch(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env,
+                         cell_label=cell_label).run()

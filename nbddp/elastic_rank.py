@@ -20,10 +20,12 @@ import traceback
 import types
 
 from nbddp import nostdin, stackwatch
+from nbddp.cellnames import name_cell
 from nbddp.worker import cell_line
 
 STATUS_DIR_VAR = "NBDDP_ELASTIC_DIR"
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+LABEL_VAR = "NBDDP_ELASTIC_CELL_LABEL"  # how tracebacks name the cell ("Cell In[3]"; nbddp/cellnames.py)
 LEGACY_VAR = "NBDDP_ELASTIC_LEGACY_FLAG"  # --legacy-launch: the flag torch.distributed.launch passed
 SAME_INTERRUPT_S = 1.0  # SIGINTs closer than this are one interrupt (see _acknowledge_sigint)
 
@@ -89,6 +91,7 @@ def main() -> None:
     os.environ.pop(PREFIX_VAR, None)
     _die_with_parent()
     legacy = os.environ.pop(LEGACY_VAR, "")
+    label = os.environ.pop(LABEL_VAR, "") or None
     cell_path = os.path.abspath(sys.argv[1])
     sys.argv = [cell_path] + ([f"{legacy}={os.environ.get('LOCAL_RANK', '0')}"] if legacy else []) + sys.argv[2:]
     rank = os.environ.get("RANK", "0")
@@ -124,7 +127,7 @@ def main() -> None:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next
-        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        text = name_cell("".join(traceback.format_exception(type(exc), exc, tb)), cell_path, label)
         sys.stderr.write(text)
         status["exception"] = {"type": type(exc).__name__, "message": str(exc),
                                "traceback": text, "cell_line": cell_line(tb, cell_path)}

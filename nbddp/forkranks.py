@@ -11,6 +11,7 @@ import time
 import uuid
 
 from . import placement, preload, spares
+from .cellnames import log_label
 from .envvars import legacy_argv, rank_env
 from .logdirs import private
 from .rankprocs import Rank, RankProcs
@@ -24,10 +25,12 @@ FAILFAST_DELAY_S = 0.25  # torchrun's agent notices a failed worker at its next 
 class ForkRanks(Source):
     """The ranks of one fresh launch of ``spec`` running ``source`` or a packed callable."""
 
-    def __init__(self, spec, *, source, func, push, cwd, base_env, log_dir):
+    def __init__(self, spec, *, source, func, push, cwd, base_env, log_dir, script=None, cell_label=None):
         self.spec, self.source_text, self.func, self.push = spec, source, func, push
         self.cwd, self.base_env, self.log_dir = cwd, base_env, log_dir
-        self.cell_path = os.path.join(log_dir, "cell.py")
+        self.log_copy = os.path.join(log_dir, "cell.py")
+        self.cell_path = script or self.log_copy  # the ranks' __file__ (nbddp/cellscript.py)
+        self.cell_label = cell_label or log_label(self.log_copy)
         self.procs = RankProcs(on_exit=self._on_exit, emit=self._emit)
         self.store = None
         self.use_spares = False
@@ -38,14 +41,14 @@ class ForkRanks(Source):
     # ---------------------------------------------------------------- startup
     def start(self) -> None:
         spec, log_dir = self.spec, self.log_dir
-        with open(self.cell_path, "w", opener=private) as f:
+        with open(self.log_copy, "w", opener=private) as f:
             f.write(self.source_text if self.source_text is not None else
                     f"# nbddp ran the function {self.func['name']}\n")
         plan = placement.plan(spec, placement.cuda_device_count(), self.base_env)
         self.result = RunResult(
             ranks=[RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
                    for r in range(spec.world_size)],
-            world_size=spec.world_size, log_dir=log_dir, started_at=time.time())
+            world_size=spec.world_size, log_dir=log_dir, started_at=time.time(), script=self.cell_path)
         self.store, port = host_store(spec.master_addr, spec.master_port)
         self.result.master_port = port
         self.emit("launch_started", self.result, spec, plan.backend)
@@ -66,7 +69,7 @@ class ForkRanks(Source):
             jobs.append(pickle.dumps({
                 "rank": r, "env": env, "cwd": self.cwd, "sys_path": list(sys.path),
                 "argv": [self.cell_path] + legacy_argv(spec, r) + list(spec.script_args),
-                "cell_path": self.cell_path, "source": self.source_text, "func": self.func,
+                "cell_path": self.cell_path, "cell_label": self.cell_label, "source": self.source_text, "func": self.func,
                 "stack_path": rank.stack_path, "sigint_path": rank.sigint_path,
                 "pull": [name.split("@")[0] for name in spec.pull], "backend": plan.backend,
                 "push": self.push, "pool": False, "forget": forget,

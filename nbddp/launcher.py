@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from . import pushing
+from . import cellscript, pushing
 from .forkranks import ForkRanks
 from .logdirs import new_log_dir
 from .result import RunResult
@@ -19,25 +19,29 @@ class Launch:
 
     def __init__(self, spec: LaunchSpec, *, source: str | None = None, func=None, args=(),
                  kwargs=None, sinks=(), cwd: str | None = None, base_env: dict | None = None,
-                 push: dict | None = None):
+                 push: dict | None = None, cell_label: str | None = None):
         if (source is None) == (func is None):
             raise TypeError("give exactly one of source or func")
         self.spec = spec
         self.source = source
         self.func = None if func is None else pack_callable(func, args, kwargs)
         self.push = push
+        self.cell_label = cell_label  # how tracebacks name the cell ("Cell In[3]"; nbddp/cellnames.py)
         self.sinks = list(sinks)
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.base_env = dict(os.environ if base_env is None else base_env)
 
     def run(self) -> RunResult:
         packed = pushing.pack(self.push)  # one shared file, read by every rank
+        script = None if self.source is None else cellscript.create(self.cwd, self.source)
         try:
             ranks = ForkRanks(self.spec, source=self.source, func=self.func, push=packed, cwd=self.cwd,
-                              base_env=self.base_env, log_dir=new_log_dir(self.spec.log_dir))
+                              base_env=self.base_env, log_dir=new_log_dir(self.spec.log_dir),
+                              script=script, cell_label=self.cell_label)
             return Supervisor(ranks, self.spec, self.sinks).run()
         finally:
-            pushing.discard(packed)  # the ranks have ended: no one reads it any more
+            cellscript.remove(script)  # the ranks have ended: it leaves the notebook's folder
+            pushing.discard(packed)  # no one reads it any more
 
 
 def pack_callable(func, args=(), kwargs=None) -> dict:

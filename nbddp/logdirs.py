@@ -79,7 +79,10 @@ def _prune(kept: list[str]) -> None:
 
 
 def remove_at_exit(path: str) -> None:
-    """Remove ``path`` when this process exits, however it ends."""
+    """Remove ``path`` (a folder or a file) when this process exits, however it ends; a path
+    given again is not added again (a launch's script reuses its name: nbddp/cellscript.py)."""
+    if path in _removed_at_exit:
+        return
     _removed_at_exit.append(path)
     w = _janitor()
     if w is not None:
@@ -112,4 +115,10 @@ def _janitor() -> int | None:
 def _remove_now() -> None:
     """A clean exit removes the folders itself (the janitor then finds nothing to do)."""
     for path in _removed_at_exit:
-        shutil.rmtree(path, ignore_errors=True)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.lexists(path):
+            try:
+                os.remove(path)
+            except OSError:
+                pass

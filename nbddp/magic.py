@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 
 from . import api, pulling, supervisor, views
+from .cellnames import cell_label
 from .result import Interrupted
 from .spec import LaunchSpec, parse_line
 
@@ -55,6 +56,7 @@ class DDPMagics(Magics):
             return None
         # The magic's own line stays line 1, so line numbers match what the notebook shows.
         source = f"# %%ddp {line.strip()}\n{cell}"
+        label = cell_label(getattr(self.shell, "execution_count", None))  # tracebacks say "Cell In[N]"
         api.compile_cell(source)
         push = self._pushed(spec)
         type(self).last_cell = (line, cell)  # for %ddp_export
@@ -66,7 +68,7 @@ class DDPMagics(Magics):
             export.export_cell(spec.export, cell, line, spec)
         if spec.launcher == "torchrun":  # torch's elastic launcher runs the cell (nbddp/elastic.py)
             from . import elastic
-            result = elastic.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))
+            result = elastic.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell), cell_label=label)
         elif spec.launcher == "slurm":  # srun runs torchrun on each node of an allocation (nbddp/slurm.py)
             from . import slurm
             result = slurm.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))
@@ -74,10 +76,10 @@ class DDPMagics(Magics):
             self._check_fits_pool(spec, pool.spec)
             result = pool.run(source, ranks=spec.ranks_shown, timeout=spec.timeout, push=push,
                               pull=[name.split("@")[0] for name in spec.pull],
-                              sinks=views.make_sinks(spec, self.shell), check=False)
+                              sinks=views.make_sinks(spec, self.shell), check=False, cell_label=label)
         else:
             result = api.run(source, spec=spec, sinks=views.make_sinks(spec, self.shell),
-                             check=False, push=push)
+                             check=False, push=push, cell_label=label)
         self.shell.user_ns["_ddp"] = result
         self._check_pull_ranks(spec, result)
         result.raise_for_status()  # a failed cell pulls nothing: the notebook keeps its values

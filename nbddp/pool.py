@@ -20,7 +20,8 @@ from dataclasses import replace
 
 from IPython.core.error import UsageError
 
-from . import diagnosis, logdirs, placement, pushing, supervisor
+from . import cellscript, diagnosis, logdirs, placement, pushing, supervisor
+from .cellnames import log_label
 from .envvars import legacy_argv, rank_env
 from .rankprocs import Rank, RankProcs
 from .rendezvous import host_store
@@ -308,8 +309,9 @@ class Pool:
 
     # -------------------------------------------------------------------- cells
     def run(self, source: str, *, ranks=None, timeout: float | None = None, push: dict | None = None,
-            pull=(), sinks=(), check: bool = True, header: str = "") -> RunResult:
-        """Run ``source`` on ``ranks`` (default all) of the live pool; returns this cell's RunResult."""
+            pull=(), sinks=(), check: bool = True, header: str = "", cell_label: str | None = None) -> RunResult:
+        """Run ``source`` on ``ranks`` (default all) of the live pool; returns this cell's RunResult.
+        ``cell_label`` names the cell in tracebacks and stacks ("Cell In[3]")."""
         if self.state == BROKEN:
             raise UsageError(f"%%ddp: the pool is broken ({self.why_broken}); run %ddp_pool restart, "
                              f"or %%ddp --fresh for a separate job")
@@ -321,19 +323,23 @@ class Pool:
         if bad:
             raise UsageError(f"%%ddp: --ranks {','.join(map(str, bad))} outside 0..{world - 1}")
         payload = pushing.pack(push)  # one shared file, read by every rank
+        script = cellscript.create(self.cwd, source)  # this cell's __file__, beside the notebook
         try:
             self.cells_run += 1
             cell_dir = logdirs.new_cell_dir(self.log_root, self.cells_run)
-            cell_path = os.path.join(cell_dir, "cell.py")
-            with open(cell_path, "w", opener=logdirs.private) as f:
+            log_copy = os.path.join(cell_dir, "cell.py")
+            with open(log_copy, "w", opener=logdirs.private) as f:
                 f.write(source)
+            cell_path = script or log_copy
             src = self.source
             src.source_text, src.cell_path = source, cell_path
+            src.cell_label = cell_label = cell_label or log_label(log_copy)
             src.result = self._fresh_result(cell_dir)
+            src.result.script = cell_path
             for rank in src.procs.ranks:
                 rank.open_logs()
-            src.cell = {"source": source, "cell_path": cell_path, "push": payload, "pull": list(pull),
-                        "targets": targets}
+            src.cell = {"source": source, "cell_path": cell_path, "cell_label": cell_label,
+                        "push": payload, "pull": list(pull), "targets": targets}
             self.state = BUSY
             try:
                 result = Supervisor(src, replace(self.spec, timeout=timeout), sinks).run()
@@ -342,6 +348,7 @@ class Pool:
                 if self.state == BUSY:
                     self.state = IDLE if all(r.alive for r in src.procs.ranks) else BROKEN
         finally:
+            cellscript.remove(script)
             pushing.discard(payload)  # the cell has ended on every rank: no one reads it
         if check:
             result.raise_for_status()

@@ -88,6 +88,13 @@ class RunResult:
     timed_out: bool = False
     notes: list[str] = field(default_factory=list)
     displayed: list[int] = field(default_factory=list)  # ranks whose output a view showed
+    script: str | None = None  # the ranks' __file__ and sys.argv[0] (beside the notebook while it ran)
+
+    @property
+    def cell_file(self) -> str:
+        """The cell as the ranks ran it, kept in the log folder (``script`` is removed after the
+        launch; tracebacks name it ``Cell In[N]``)."""
+        return os.path.join(self.log_dir, "cell.py")
 
     @property
     def ok(self) -> bool:

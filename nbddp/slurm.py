@@ -55,6 +55,7 @@ class SlurmLaunch(ElasticLaunch):
     remote ranks), which ranks can be reached by pid, and srun's own errors as the cause."""
 
     interrupted_note = "interrupted: the Slurm step, its torchrun and all its ranks were stopped"
+    script_beside_notebook = False  # every node reads the cell from .nbddp-slurm/ (or --log-dir)
 
     def __init__(self, spec: LaunchSpec, *, source: str, sinks=(), cwd: str | None = None,
                  base_env: dict | None = None, device_count: int | None = None):

@@ -22,6 +22,7 @@ import time
 from contextlib import contextmanager
 
 from . import diagnosis, stacks
+from .cellnames import name_cell
 from .result import FAILED, INTERRUPTED, KILLED, OK, TERMINATED, TIMED_OUT
 
 NEW, STARTING, RUNNING, STOPPING, CLOSING, DONE = (
@@ -72,6 +73,7 @@ class Source:
     interrupted_note = "interrupted: all ranks were stopped"
     result = None
     cell_path = ""
+    cell_label: str | None = None  # how stacks name cell_path's frames (nbddp/cellnames.py)
     source_text: str | None = None
 
     def emit(self, event: str, *args) -> None:  # replaced by the supervisor's
@@ -249,7 +251,7 @@ class Supervisor:
         for res, _, _ in targets:
             text = dumps.get(res.rank)
             if text is not None:
-                res.stack = text
+                res.stack = name_cell(text, self.source.cell_path, self.source.cell_label, self.source.source_text)
                 res.blocked_at = diagnosis.blocked_at(text, self.source.cell_path, self.source.source_text)
         return targets
 

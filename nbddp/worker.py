@@ -19,6 +19,7 @@ import traceback
 import types
 
 from . import nostdin, pushing, stackwatch, teardown, user_rendezvous
+from .cellnames import name_cell
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
@@ -198,7 +199,7 @@ def _run(job: dict, ctl) -> int:
     except SystemExit as exc:
         return _exit_code(exc, ctl, job["cell_path"])
     except BaseException as exc:  # the user's error: print like Python would, and report it
-        _report(ctl, exc, job["cell_path"])
+        _report(ctl, exc, job["cell_path"], job.get("cell_label"), job.get("source"))
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
@@ -236,7 +237,7 @@ def _serve(job: dict, ctl) -> int:
         if message[0] != "exec":
             return 0
         cell = message[1]
-        main.__file__ = cell["cell_path"]
+        main.__file__ = sys.argv[0] = cell["cell_path"]  # this cell's script (nbddp/cellscript.py)
         status = "ok"
         try:
             try:
@@ -249,7 +250,7 @@ def _serve(job: dict, ctl) -> int:
             return _exit_code(exc, ctl, cell["cell_path"])
         except BaseException as exc:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
-            _report(ctl, exc, cell["cell_path"])
+            _report(ctl, exc, cell["cell_path"], cell.get("cell_label"), cell["source"])
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -287,12 +288,14 @@ def _user_traceback(exc: BaseException):
     return tb
 
 
-def _report(ctl, exc: BaseException, cell_path: str) -> None:
+def _report(ctl, exc: BaseException, cell_path: str, label: str | None = None, source: str | None = None) -> None:
+    """Print the traceback as Python would, but naming the cell as IPython does (``Cell In[3],
+    line 7``: the script file is gone after the launch), and send it to the kernel."""
     tb = _user_traceback(exc)
     report = traceback.TracebackException(type(exc), exc, tb)
     for part in _chain(report):  # nbddp's own frames (e.g. the SIGINT handler) are noise here
         part.stack[:] = [f for f in part.stack if f.filename != __file__]
-    text = "".join(report.format())
+    text = name_cell("".join(report.format()), cell_path, label, source)
     sys.stderr.write(text)
     sys.stderr.flush()
     _send(ctl, ("exception", {"type": type(exc).__name__, "message": str(exc),

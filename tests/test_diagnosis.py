@@ -38,6 +38,19 @@ REAL_TEXTS = {
                  "rank 1 and rank 0 both on CUDA device 1000",
     "no_nccl": "Distributed package doesn't have NCCL built in",
     "no_cuda": "Torch not compiled with CUDA enabled",
+    # unchanged GPU code on this CPU build (tests/test_cell_script.py runs each snippet for real)
+    "set_device": "module 'torch._C' has no attribute '_cuda_setDevice'",
+    "to_rank": "Cannot access accelerator device when none is available.",
+    "device_ids": "DistributedDataParallel device_ids and output_device arguments only work with "
+                  "single-device/multiple-device GPU modules or CPU modules, but got device_ids [0], "
+                  "output_device None, and module parameters {device(type='cpu')}.",
+    "device_id": "device_id cuda:0 does not match the current compilation's accelerator support: None. "
+                 "Please use a different compiled version that supports your accelerator.",
+    "device_id_int": "device_id is an int, but no accelerator support is found from the current "
+                     "compilation. Please use a different compiled version that supports your accelerator.",
+    # a CUDA build on a machine without a GPU: the message is in this torch's libtorch_cpu.so,
+    # but this machine has no CUDA build to print it
+    "no_gpu": "RuntimeError: No CUDA GPUs are available",
     "peer_closed": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
                    "Connection closed by peer [127.0.0.1]:16027. This is typically caused by a "
                    "remote worker crashing.",
@@ -62,8 +75,14 @@ EXPECTED = {  # a phrase the hint for each text must contain
     "oom": "ran out of memory",
     "ordinal": "its own GPU",
     "duplicate": "its own GPU",
-    "no_nccl": "gloo",
-    "no_cuda": "gloo",
+    "no_nccl": "use gloo",
+    "no_cuda": "this torch is a CPU build, so .cuda()",
+    "set_device": "torch.cuda.set_device(...) cannot run",
+    "to_rank": "else torch.device('cpu')",
+    "device_ids": "DDP(model)",
+    "device_id": "drop device_id=",
+    "device_id_int": "drop device_id=",
+    "no_gpu": "this machine has no GPU",
     "peer_closed": "another rank ended",
     "peer_reset": "another rank ended",
     "own_port": "rank 0 hosts the rendezvous store",
@@ -102,6 +121,62 @@ def test_mismatch_hint_without_detail_suggests_detail():
                                   "ZeroDivisionError: division by zero"])
 def test_ordinary_errors_get_no_hint(text):
     assert diagnosis.hint_for(text) is None
+
+
+# what ranks that exit by themselves wrote last (hydra 1.3.8, argparse, click, as printed here)
+HYDRA_MISSING = """Cannot find primary config 'gpt2_train_cfg'. Check that it's in your config search path.
+
+Config search path:
+\tprovider=hydra, path=pkg://hydra.conf
+\tprovider=main, path=file:///home/me/nb
+\tprovider=schema, path=structured://
+
+Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
+"""
+HYDRA_TASK_ERROR = """Error executing job with overrides: []
+Traceback (most recent call last):
+  File "/home/me/nb/.nbddp-77.py", line 6, in main
+    raise ValueError("lr must be positive")
+ValueError: lr must be positive
+
+Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
+"""
+ARGPARSE = """usage: .nbddp-77.py [-h] --lr LR
+.nbddp-77.py: error: the following arguments are required: --lr
+"""
+CLICK = """Usage: train.py [OPTIONS]
+Try 'train.py --help' for help.
+
+Error: Missing option '--lr'.
+"""
+WARNED = """/home/me/nb/.nbddp-77.py:3: UserWarning: something
+  warnings.warn("something")
+"""
+
+
+@pytest.mark.parametrize("stderr, said", [
+    (HYDRA_MISSING, "Cannot find primary config 'gpt2_train_cfg'. Check that it's in your config search path."),
+    (HYDRA_TASK_ERROR, "ValueError: lr must be positive"),
+    (ARGPARSE, ".nbddp-77.py: error: the following arguments are required: --lr"),
+    (CLICK, "Error: Missing option '--lr'."),
+    ("fatal: \x1b[31mno data\x1b[0m\n", "fatal: no data"),
+    (WARNED, None),
+    ("", None),
+])
+def test_last_error_line(stderr, said):
+    assert diagnosis.last_error_line(stderr) == said
+
+
+def test_exit_code_cause_gets_the_last_error_line_only_without_a_traceback(tmp_path):
+    err = tmp_path / "rank0.stderr"
+    err.write_text(HYDRA_MISSING)
+    quiet = RankResult(rank=0, local_rank=0, node_rank=0, state="failed", cause="exited with code 1",
+                       stderr_path=str(err))
+    raised = RankResult(rank=1, local_rank=1, node_rank=0, state="failed", cause="ValueError: x at cell line 2",
+                        exception={"type": "ValueError", "message": "x"}, stderr_path=str(err))
+    diagnosis.add_hints(RunResult(ranks=[quiet, raised], world_size=2, log_dir=str(tmp_path)))
+    assert quiet.cause == "exited with code 1: Cannot find primary config 'gpt2_train_cfg'. Check that it's in your config search path."
+    assert raised.cause == "ValueError: x at cell line 2"
 
 
 def test_add_hints_only_for_ranks_that_did_not_finish_ok(tmp_path):

@@ -33,8 +33,9 @@ print(__name__, a.lr, a.path, os.path.basename(sys.argv[0]), os.getcwd() == os.e
 print("file", __file__ == sys.argv[0])
 """)
     kernel_cwd = kernel.ok("import os; print(os.getcwd())").stdout.strip()
-    for r in range(2):
-        assert f"[rank{r}]:__main__ 0.5 data.txt cell.py {kernel_cwd}\n" in reply.stdout, reply.text
+    kernel_pid = kernel.ok("import os; print(os.getpid())").stdout.strip()
+    for r in range(2):  # the script is a hidden file beside the notebook (nbddp/cellscript.py)
+        assert f"[rank{r}]:__main__ 0.5 data.txt .nbddp-{kernel_pid}.py {kernel_cwd}\n" in reply.stdout, reply.text
         assert f"[rank{r}]:file True\n" in reply.stdout
 
 
