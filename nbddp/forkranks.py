@@ -88,6 +88,8 @@ class ForkRanks(Source):
         self.procs.poll(timeout)
 
     def _on_exit(self, rank: Rank) -> None:
+        if rank.lingered:  # ended by nbddp after its cell finished: the cell's own code counts
+            rank.result.exitcode = rank.finished[0]
         settle(rank.result, rank.stop, rank.sent)
         self.emit("rank_exited", rank.result)
 
@@ -109,6 +111,19 @@ class ForkRanks(Source):
                            if not (spare_handlers and r.handling())
                            and not (reason == "failfast" and sig != signal.SIGKILL and r.ended)],
                           sig, reason, why)
+
+    def end_lingering(self, limit: float) -> None:
+        """A rank whose cell finished but whose process has not exited ``limit`` s later is
+        stuck in its exit (torch's teardown, a thread, an atexit handler): say so in one line
+        and end it; its result is its cell's own (torchrun would wait forever)."""
+        now = time.monotonic()
+        for rank in self.procs.ranks:
+            if rank.alive and rank.finished and not rank.lingered and now - rank.finished[1] > limit:
+                rank.lingered = True
+                self.note(f"rank {rank.result.rank} finished its cell (exit code {rank.finished[0]}) "
+                          f"but its process had not exited {limit:.0f} s later (stuck in its exit: "
+                          "torch's teardown, a thread or an atexit handler); nbddp ended it")
+                self.procs.kill_rank(rank)
 
     def handling(self) -> list[int]:
         return [r.result.rank for r in self.procs.ranks if r.handling()]

@@ -36,6 +36,8 @@ class Rank:
         self.alive = False
         self.ended = False    # reported the end of its user code (exception / exit / done)
         self.began = False    # a pool rank: began the current cell
+        self.finished = None  # (its exit code, when): the cell is over, the process exiting
+        self.lingered = False  # nbddp ended it after its cell finished (it did not exit)
         self.stop = None      # (reason, why) once nbddp signalled it
         self.sent: set[int] = set()
 
@@ -189,6 +191,8 @@ class RankProcs:
             rank.ended = True
         elif kind == "exit":
             rank.ended = True
+        elif kind == "finished":
+            rank.finished = (message[1], time.monotonic())
         elif kind == "return":
             res.value = message[1]
         elif kind == "pulled":  # the names it has; then, if any could not be sent, why not
@@ -236,6 +240,10 @@ class RankProcs:
             actual = sig if rank.started else signal.SIGKILL
             rank.sent.add(actual)
             self._kill(rank, actual)
+
+    def kill_rank(self, rank: Rank) -> None:
+        rank.sent.add(signal.SIGKILL)
+        self._kill(rank, signal.SIGKILL)
 
     def kill_now(self) -> None:
         for rank in self.ranks:

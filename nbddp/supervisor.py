@@ -32,6 +32,7 @@ TERM_GRACE_S = 2.0       # fail-fast and timeout: SIGTERM, then SIGKILL after th
 INTERRUPT_GRACE_S = 1.0  # interrupt: SIGINT, then SIGTERM after this for ranks not in a handler,
 KILL_AFTER_S = 1.5       # and SIGKILL at this: the stop button ends every rank within 2 s,
 HANDLER_LIMIT_S = 30.0   # except ranks running the cell's except/finally (torchrun waits 30 s)
+LINGER_S = 30.0          # a rank whose cell finished but whose process does not exit is ended
 TICK_S = 0.1             # how often the clock runs (and views flush)
 
 _live_lock = threading.Lock()
@@ -103,6 +104,9 @@ class Source:
         """Send ``sig`` to every live process; with ``spare_handlers``, not to ranks running
         the cell's own interrupt handler (they acknowledged SIGINT)."""
         raise NotImplementedError
+
+    def end_lingering(self, limit: float) -> None:
+        """End ranks whose cell finished ``limit`` s ago but whose process has not exited."""
 
     def handling(self) -> list[int]:
         """Ranks still running their interrupt handler (except KeyboardInterrupt / finally)."""
@@ -212,8 +216,9 @@ class Supervisor:
                                  f"interrupt again to kill now")
         if self.stopping is not None:
             return
-        why = self.source.failure()
         spec = self.spec
+        self.source.end_lingering(spec.idle_warning or LINGER_S)  # at the latest at the idle warning
+        why = self.source.failure()
         if why:
             self._stop("failfast", why)
         elif spec.timeout is not None and time.time() - self.source.result.started_at > spec.timeout:

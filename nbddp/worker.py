@@ -335,6 +335,7 @@ def _send_pulled(ctl, namespace: dict, names) -> None:
 
 
 def _finish(ctl, code: int) -> None:
+    _send(ctl, ("finished", code))  # the cell is over; what follows is the process's exit
     try:
         threading_shutdown = getattr(threading, "_shutdown", None)
         if threading_shutdown is not None:

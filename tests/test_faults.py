@@ -433,3 +433,19 @@ def test_a_stuck_forkserver_is_replaced_and_the_cell_runs(tmp_path):
         assert "did not answer" not in again.text
     finally:
         k.shutdown()
+
+
+def test_a_rank_stuck_in_its_exit_after_its_cell_is_ended_with_its_own_result(kernel):
+    """The cell ran to its end on every rank, but rank 1's process does not exit (an atexit
+    handler that never returns, as torch's teardown can): at the idle warning nbddp says so in
+    one line and ends it, and the cell's result is its own: ok."""
+    reply = kernel.execute("%%ddp -n 2 --idle-warning 3 --timeout 60 --output text\n"
+                           "import atexit, os, threading\n"
+                           "if int(os.environ['RANK']) == 1:\n"
+                           "    atexit.register(threading.Event().wait)\n"
+                           "print('cell done')", timeout=60)
+    assert reply.status == "ok", reply.text
+    assert reply.stdout.count("cell done") == 2, reply.text
+    assert "rank 1 finished its cell (exit code 0) but its process had not exited 3 s later" in reply.text, reply.text
+    assert reply.elapsed < 20, reply.elapsed
+    assert_recovered(kernel, rank_pids(kernel))
