@@ -118,7 +118,8 @@ class RankProcs:
                     rank.process, rank.ctl, rank.lifeline_w = plumbing.process, plumbing.ctl, plumbing.life_w
                     fresh[i] = (rank, plumbing, job)
             starter.ensure_forkserver()
-            starter.start_all([plumbing.process for _, plumbing, _ in fresh if not plumbing.started])
+            starter.start_all([plumbing.process for _, plumbing, _ in fresh if not plumbing.started],
+                              limit=starter.FIRST_ANSWER_S)
             return (f"the forkserver (pid {stuck.pid}) did not answer in {stuck.waited:.0f} s, so nbddp "
                     "ended it and started a new one: this cell waits for torch to be imported again")
 

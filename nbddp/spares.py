@@ -125,7 +125,7 @@ def refill(n: int) -> None:
                 return
             made = [Plumbing(ctx, duplex=False, spare=True) for _ in range(missing)]
             try:
-                starter.start_all([p.process for p in made])
+                starter.start_all([p.process for p in made], limit=starter.answer_limit())
             finally:
                 for p in made:
                     p.close_child_ends()

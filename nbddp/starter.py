@@ -14,6 +14,7 @@ import multiprocess
 from multiprocess import forkserver, spawn, util
 
 from .preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/preload.py
+from .preload import PROBE_TIMEOUT_S
 
 _lock = threading.Lock()
 _preload_set = False
@@ -98,6 +99,7 @@ def start(process) -> None:
 
 
 FORK_ANSWER_S = 10.0  # a forkserver that has forked before answers a fork request in ms
+FIRST_ANSWER_S = 300.0  # a new one first imports torch and the preload list (seconds to minutes)
 
 
 class ForkserverStuck(RuntimeError):
@@ -122,11 +124,14 @@ def offering():
         _offering.clear()
 
 
-def answer_limit() -> float | None:
-    """How long a fork request may take: short once the forkserver has answered before and no
-    offer keeps it importing; None (no limit) while it may still be importing torch."""
-    if _offering.is_set() or _answered is None or _answered != forkserver._forkserver._forkserver_pid:
-        return None
+def answer_limit() -> float:
+    """How long a fork request may take: short once the forkserver has answered before; while
+    it may still be importing torch and the preload list, or an offered module (whose probe
+    gives up after nbddp.preload.PROBE_TIMEOUT_S), long, but never without a limit."""
+    if _offering.is_set():
+        return PROBE_TIMEOUT_S + FIRST_ANSWER_S
+    if _answered is None or _answered != forkserver._forkserver._forkserver_pid:
+        return FIRST_ANSWER_S
     return FORK_ANSWER_S
 
 
