@@ -84,8 +84,24 @@ def _preparation_without_main(name):
 spawn.get_preparation_data = _preparation_without_main
 
 
+_original_flush = util._flush_std_streams
+
+
+def _flush_unless_starting():
+    """multiprocess flushes sys.stdout/stderr before each start, so a forked child does not
+    repeat buffered output. A rank is forked by the forkserver (or spawned), never from the
+    kernel, so there is nothing to protect; and in ipykernel a flush from a thread other than
+    the IO thread gives that thread a zmq socket of its own (an eventfd), closed only by
+    ipykernel's sweep 10-20 s after the thread ended: 8 per ``-n 8`` cell's start threads."""
+    if not getattr(_starting, "active", False):
+        _original_flush()
+
+
+util._flush_std_streams = _flush_unless_starting
+
+
 def start(process) -> None:
-    """Start one rank's process (see _preparation_without_main)."""
+    """Start one rank's process (see _preparation_without_main, _flush_unless_starting)."""
     _starting.active = True
     try:
         process.start()
