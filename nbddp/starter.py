@@ -9,6 +9,7 @@ import threading
 import multiprocess
 from multiprocess import forkserver, spawn, util
 
+from . import privnet
 from .preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/preload.py
 
 _lock = threading.Lock()
@@ -22,7 +23,10 @@ def context(start_method: str = "forkserver"):
     if start_method == "forkserver":
         with _lock:
             if not _preload_set:
-                ctx.set_forkserver_preload(PRELOAD)
+                # first, before torch: NBDDP_PRIVATE_NET=1 moves the forkserver into a private
+                # network (nbddp/privnet.py), decided once per kernel, here
+                privnet.requested()
+                ctx.set_forkserver_preload(["nbddp._forkserver_net"] + PRELOAD)
                 _preload_set = True
     return ctx
 
