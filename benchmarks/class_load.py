@@ -93,19 +93,61 @@ def student(lessons: list[str], out_dir: str) -> None:
                           "nets": sorted(nets)}), flush=True)
 
 
-def run_students(count: int, lessons: list[str], out_root: str, env: dict) -> list[list[dict]]:
-    """``count`` kernels at once, each running every lesson; their reports, per kernel."""
+def run_students(count: int, lessons: list[str], out_root: str, env: dict, deadline_s: float,
+                 marker: str, left: list) -> list[list[dict]]:
+    """``count`` students at once, each running every lesson; their reports, per student. At
+    the deadline every process of the run (its students and whatever carries ``marker``) is
+    killed, and the lessons not reported count as failed; what was still running then is added
+    to ``left``."""
     procs = []
     for i in range(count):
-        out_dir = os.path.join(out_root, f"kernel-{i}")
+        out_dir = os.path.join(out_root, f"student-{i}")
         os.makedirs(out_dir, exist_ok=True)
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--student", out_dir,
                                        *lessons], stdout=subprocess.PIPE, text=True, env=env))
     reports = []
+    end = time.monotonic() + deadline_s
     for proc in procs:
-        out, _ = proc.communicate()
+        try:
+            out, _ = proc.communicate(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill([proc.pid] + [pid for pid in marked_pids(marker) if _is_kernel(pid)])
+            out, _ = proc.communicate()
+            time.sleep(10)  # what nbddp ends by itself when its kernel dies (the log janitor too)
+            stragglers = marked_pids(marker)  # the rest would be left: report it, and end it
+            left.extend(f"process {pid} (still running 10 s after its kernel was killed)" for pid in stragglers)
+            _kill(stragglers)
         reports.append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
     return reports
+
+
+def _kill(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+
+
+def _is_kernel(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"ipykernel_launcher" in f.read()
+    except OSError:
+        return False
+
+
+def marked_pids(marker: str) -> list[int]:
+    """The processes of this run's kernels (they carry ``marker`` in their environment)."""
+    needle, found = f"NBDDP_CLASS_RUN={marker}".encode(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
 
 
 def leftovers(marker: str, tmp: str, before: set) -> list[str]:
@@ -113,13 +155,10 @@ def leftovers(marker: str, tmp: str, before: set) -> list[str]:
     pushed files (/dev/shm is shared: new ones that stay count)."""
     left = [p for p in glob.glob(os.path.join(tmp, "nbddp-*"))]
     left += [p for p in glob.glob("/dev/shm/nbddp-push-*") if p not in before]
-    needle = f"NBDDP_CLASS_RUN={marker}".encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in marked_pids(marker):
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    with open(f"/proc/{pid}/comm") as c:
-                        left.append(f"process {pid} ({c.read().strip()})")
+            with open(f"/proc/{pid}/comm") as c:
+                left.append(f"process {pid} ({c.read().strip()})")
         except OSError:
             continue
     return left
@@ -134,7 +173,8 @@ def wait_for_nothing_left(marker: str, tmp: str, before: set, timeout: float = 3
         time.sleep(0.5)
 
 
-def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_root: str | None = None) -> dict:
+def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_root: str | None = None,
+        deadline_s: float = 3600.0) -> dict:
     """The whole check; returns {"solo": {lesson: s}, "load": {lesson: [s per kernel]},
     "failures": [...], "left": [...]}."""
     lessons = lesson_files(numbers)
@@ -145,14 +185,14 @@ def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_
     env["JUPYTER_PATH"] = kernelspec(os.path.join(out_root, "jupyter"), private, marker, tmp) + (
         os.pathsep + env["JUPYTER_PATH"] if env.get("JUPYTER_PATH") else "")
     before = set(glob.glob("/dev/shm/nbddp-push-*"))
-    failures = []
+    failures, stragglers = [], []
     solo_times = {}
     if solo:
-        for report in run_students(1, lessons, os.path.join(out_root, "solo"), env)[0]:
+        for report in run_students(1, lessons, os.path.join(out_root, "solo"), env, deadline_s, marker, stragglers)[0]:
             solo_times[report["lesson"]] = report["seconds"]
             if report["error"]:
                 failures.append(f"solo {report['lesson']}: {report['error']}")
-    reports = run_students(kernels, lessons, os.path.join(out_root, "class"), env)
+    reports = run_students(kernels, lessons, os.path.join(out_root, "class"), env, deadline_s, marker, stragglers)
     load: dict[str, list[float]] = {}
     owners: dict[str, str] = {}  # network namespace -> the run whose ranks were in it
     for i, kernel_reports in enumerate(reports):
@@ -169,7 +209,7 @@ def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_
                 if net in owners:
                     failures.append(f"{run_name}: ranks in the network of {owners[net]}")
                 owners[net] = run_name
-    left = wait_for_nothing_left(marker, tmp, before)
+    left = stragglers + wait_for_nothing_left(marker, tmp, before)
     return {"solo": solo_times, "load": load, "failures": failures, "left": left, "out": out_root}
 
 

@@ -17,7 +17,7 @@ spec.loader.exec_module(class_load)
 def test_three_kernels_run_one_lesson_at_once(tmp_path):
     private = not privnet.unavailable()
     started = time.monotonic()
-    result = class_load.run(3, ["01"], private=private, solo=False, out_root=str(tmp_path))
+    result = class_load.run(3, ["01"], private=private, solo=False, out_root=str(tmp_path), deadline_s=240)
     elapsed = time.monotonic() - started
     print(class_load.table(result, 3), f"\n{elapsed:.0f} s in all, private network: {private}")
     assert not result["failures"], result["failures"]
