@@ -48,7 +48,7 @@ def lesson_files(numbers: list[str]) -> list[str]:
     return files
 
 
-def kernelspec(folder: str, private: bool, marker: str, tmp: str) -> str:
+def kernelspec(folder: str, private: bool, marker: str, tmp: str, extra_env: dict) -> str:
     """A JUPYTER_PATH entry whose kernel is this interpreter (with NBDDP_PRIVATE_NET=1 if
     asked). Its kernels' temporary folder is ``tmp`` and their processes carry ``marker`` in
     their environment, so what they leave is told apart from other work on the machine."""
@@ -59,6 +59,7 @@ def kernelspec(folder: str, private: bool, marker: str, tmp: str) -> str:
             "env": {"NBDDP_CLASS_RUN": marker, "TMPDIR": tmp}}
     if private:
         spec["env"]["NBDDP_PRIVATE_NET"] = "1"
+    spec["env"].update(extra_env)
     with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
         json.dump(spec, f)
     return folder
@@ -90,7 +91,8 @@ def student(lessons: list[str], out_dir: str) -> None:
             text = json.dumps(nbformat.read(dst, as_version=4).cells)
             nets = set(re.findall(r"NBDDP_NET (net:\[\d+\])", text))
         print(json.dumps({"lesson": name, "seconds": round(elapsed, 2), "error": error,
-                          "nets": sorted(nets)}), flush=True)
+                          "nets": sorted(nets), "ended": time.time(),
+                          "started": time.time() - elapsed}), flush=True)
 
 
 def run_students(count: int, lessons: list[str], out_root: str, env: dict, deadline_s: float,
@@ -174,7 +176,7 @@ def wait_for_nothing_left(marker: str, tmp: str, before: set, timeout: float = 3
 
 
 def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_root: str | None = None,
-        deadline_s: float = 3600.0) -> dict:
+        deadline_s: float = 3600.0, kernel_env: dict | None = None) -> dict:
     """The whole check; returns {"solo": {lesson: s}, "load": {lesson: [s per kernel]},
     "failures": [...], "left": [...]}."""
     lessons = lesson_files(numbers)
@@ -182,7 +184,7 @@ def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_
     env = dict(os.environ)
     marker, tmp = uuid.uuid4().hex, os.path.join(out_root, "tmp")
     os.makedirs(tmp, exist_ok=True)
-    env["JUPYTER_PATH"] = kernelspec(os.path.join(out_root, "jupyter"), private, marker, tmp) + (
+    env["JUPYTER_PATH"] = kernelspec(os.path.join(out_root, "jupyter"), private, marker, tmp, kernel_env or {}) + (
         os.pathsep + env["JUPYTER_PATH"] if env.get("JUPYTER_PATH") else "")
     before = set(glob.glob("/dev/shm/nbddp-push-*"))
     failures, stragglers = [], []
@@ -194,7 +196,7 @@ def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_
                 failures.append(f"solo {report['lesson']}: {report['error']}")
     reports = run_students(kernels, lessons, os.path.join(out_root, "class"), env, deadline_s, marker, stragglers)
     load: dict[str, list[float]] = {}
-    owners: dict[str, str] = {}  # network namespace -> the run whose ranks were in it
+    owners: dict[str, list] = {}  # network namespace -> the runs whose ranks were in it
     for i, kernel_reports in enumerate(reports):
         if len(kernel_reports) != len(lessons):
             failures.append(f"student {i}: reported {len(kernel_reports)} of {len(lessons)} lessons")
@@ -206,9 +208,11 @@ def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_
             if private and len(report["nets"]) != 1:
                 failures.append(f"{run_name}: ranks in networks {report['nets']}, not one of its own")
             for net in report["nets"] if private else ():
-                if net in owners:
-                    failures.append(f"{run_name}: ranks in the network of {owners[net]}")
-                owners[net] = run_name
+                # the kernel frees a namespace's number when it ends: only runs at the same time count
+                for other, started, ended in owners.get(net, []):
+                    if started < report["ended"] and report["started"] < ended:
+                        failures.append(f"{run_name}: ranks in the network of {other}, at the same time")
+                owners.setdefault(net, []).append((run_name, report["started"], report["ended"]))
     left = stragglers + wait_for_nothing_left(marker, tmp, before)
     return {"solo": solo_times, "load": load, "failures": failures, "left": left, "out": out_root}
 
@@ -228,6 +232,8 @@ def main(argv=None) -> int:
     p.add_argument("--lessons", default="00,01,02,03,04,05", help="lesson numbers, comma-separated")
     p.add_argument("--private", action="store_true", help="kernels with NBDDP_PRIVATE_NET=1")
     p.add_argument("--no-solo", action="store_true", help="skip the solo runs")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="a variable for every kernel (repeatable), e.g. NBDDP_PRELOAD=0")
     p.add_argument("--student", help=argparse.SUPPRESS)
     p.add_argument("files", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -235,10 +241,13 @@ def main(argv=None) -> int:
         student(args.files, args.student)
         return 0
     started = time.monotonic()
-    result = run(args.kernels, args.lessons.split(","), args.private, solo=not args.no_solo)
+    kernel_env = dict(item.split("=", 1) for item in args.env)
+    result = run(args.kernels, args.lessons.split(","), args.private, solo=not args.no_solo,
+                 kernel_env=kernel_env)
     cores = os.cpu_count()
     print(f"class load: {args.kernels} students at once, lessons {args.lessons}, {cores} cores, "
-          f"private network: {'yes' if args.private else 'no'}, {time.monotonic() - started:.0f} s in all")
+          f"private network: {'yes' if args.private else 'no'}, kernel env {kernel_env or '-'}, "
+          f"{time.monotonic() - started:.0f} s in all")
     print(table(result, args.kernels))
     for failure in result["failures"]:
         print("FAILED:", failure)

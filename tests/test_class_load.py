@@ -17,7 +17,10 @@ spec.loader.exec_module(class_load)
 def test_three_kernels_run_one_lesson_at_once(tmp_path):
     private = not privnet.unavailable()
     started = time.monotonic()
-    result = class_load.run(3, ["01"], private=private, solo=False, out_root=str(tmp_path), deadline_s=240)
+    # NBDDP_PRELOAD=0 until issue 19's forkserver fix lands: a notebook-module offer arriving
+    # while the forkserver forks deadlocks it (3 of 3 two-student runs of lessons 00-01 here)
+    result = class_load.run(3, ["01"], private=private, solo=False, out_root=str(tmp_path), deadline_s=240,
+                            kernel_env={"NBDDP_PRELOAD": "0"})
     elapsed = time.monotonic() - started
     print(class_load.table(result, 3), f"\n{elapsed:.0f} s in all, private network: {private}")
     assert not result["failures"], result["failures"]
