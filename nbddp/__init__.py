@@ -33,8 +33,22 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(DDPMagics)
     install_interrupt_line(ipython)
     starter.warm_up()
+    _say_who_can_connect()
     # the next cells wait for that background import of torch instead of racing it
     ipython.events.register("pre_run_cell", starter.wait_for_torch)
+
+
+def _say_who_can_connect() -> None:
+    """Once, at %load_ext, where this machine gives no private network (README "Logs and the
+    store"): what other local users can reach."""
+    from . import privnet
+
+    why = privnet.unavailable()
+    if why:
+        print(f"nbddp: no private network for this kernel's ranks here ({why}): other users of "
+              f"this machine can connect to each launch's rendezvous store and its ranks' gloo "
+              f"listeners on loopback (logs and pushed values stay private); "
+              f"see README \"Logs and the store\"")
 
 
 def unload_ipython_extension(ipython) -> None:

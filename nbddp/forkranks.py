@@ -15,7 +15,7 @@ from .cellnames import log_label
 from .envvars import legacy_argv, rank_env
 from .logdirs import private
 from .rankprocs import Rank, RankProcs
-from .rendezvous import host_store
+from .rendezvous import host_for
 from .result import FAILED, KILLED, RankResult, RunResult
 from .supervisor import Source, settle
 
@@ -49,7 +49,7 @@ class ForkRanks(Source):
             ranks=[RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
                    for r in range(spec.world_size)],
             world_size=spec.world_size, log_dir=log_dir, started_at=time.time(), script=self.cell_path)
-        self.store, port = host_store(spec.master_addr, spec.master_port)
+        self.store, port = host_for(spec)
         self.result.master_port = port
         self.emit("launch_started", self.result, spec, plan.backend)
         if plan.note:

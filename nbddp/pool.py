@@ -24,7 +24,7 @@ from . import cellscript, diagnosis, logdirs, placement, pushing, supervisor
 from .cellnames import log_label
 from .envvars import legacy_argv, rank_env
 from .rankprocs import Rank, RankProcs
-from .rendezvous import host_store
+from .rendezvous import host_for
 from .result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RankResult, RunResult
 from .spec import LaunchSpec, make_spec
 from .supervisor import Source, Supervisor, ended_by_nbddp, settle
@@ -231,7 +231,7 @@ class Pool:
         spec = self.spec
         self.source = source = PoolRanks(self)
         self.log_root = logdirs.new_log_dir(spec.log_dir, hold=True)  # kept while the pool lives
-        self.store, port = host_store(spec.master_addr, spec.master_port)
+        self.store, port = host_for(spec)
         self.master_port = port
         plan = placement.plan(spec, placement.cuda_device_count(), self.base_env)
         self.backend, self.backend_note = plan.backend, plan.note

@@ -26,6 +26,26 @@ from datetime import timedelta
 
 from IPython.core.error import UsageError
 
+from . import privnet
+
+
+def host_for(spec):
+    """The store for a launch of ``spec`` (fresh or a pool): (store, port). With a private
+    network (``NBDDP_PRIVATE_NET=1``, nbddp/privnet.py) the ranks live in it, so the store is
+    hosted there too (nbddp/storehost.py) and the ranks can reach nothing else."""
+    if not privnet.requested():
+        return host_store(spec.master_addr, spec.master_port)
+    if spec.start_method == "spawn":
+        raise UsageError("%%ddp: --start-method spawn starts ranks outside the private network "
+                         f"that {privnet.ENV}=1 gives this kernel's ranks; use the forkserver")
+    if not _loopback_addresses(spec.master_addr, 0):
+        raise UsageError(f"%%ddp: --master-addr {spec.master_addr} is not this machine's loopback, "
+                         f"but with {privnet.ENV}=1 ranks reach nothing beyond a private loopback; "
+                         f"use --launcher torchrun to meet other machines")
+    from . import storehost
+
+    return storehost.host(spec.master_addr, spec.master_port)
+
 
 def host_store(master_addr: str, port: int | None, timeout_s: float = 1800.0):
     """Start a TCPStore server; returns (store, port). ``port=None`` picks a free one."""
@@ -58,14 +78,20 @@ def _listener(master_addr: str, port: int) -> socket.socket | None:
 def loopback_socket(master_addr: str, port: int) -> socket.socket | None:
     """A listening socket on the loopback address the ranks will connect to first, or None
     where ``master_addr`` is not (only) loopback."""
-    try:
-        found = socket.getaddrinfo(master_addr, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
-    except socket.gaierror:
-        return None
-    if not found or not all(_is_loopback(info[4][0]) for info in found):
+    found = _loopback_addresses(master_addr, port)
+    if not found:
         return None
     family, kind, proto, _, address = found[0]  # the address c10d's client tries first
     return _bound(socket.socket(family, kind, proto), address)
+
+
+def _loopback_addresses(master_addr: str, port: int) -> list:
+    """getaddrinfo's answers for ``master_addr``, or [] where not all are loopback."""
+    try:
+        found = socket.getaddrinfo(master_addr, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    except socket.gaierror:
+        return []
+    return found if all(_is_loopback(info[4][0]) for info in found) else []
 
 
 def _is_loopback(address: str) -> bool:

@@ -26,6 +26,8 @@ DEFAULT_LIMIT = 8
 _lock = threading.Lock()
 _stock: list["Plumbing"] = []
 _worker: threading.Thread | None = None  # the refill running now, if any
+_forking = threading.Event()  # set while that refill forks (after offering the notebook's modules)
+FORKING_WAIT_S = 5.0  # a next cell waits this long at most for the spares being forked
 
 
 def limit() -> int:
@@ -89,7 +91,13 @@ def usable(spec, pool_mode: bool) -> bool:
 
 
 def take(n: int) -> list[Plumbing]:
-    """Up to ``n`` ready spares (dead ones are dropped)."""
+    """Up to ``n`` ready spares (dead ones are dropped). A refill that is forking now is
+    making these very processes: waiting for it (bounded) costs no more than forking a second
+    set beside it, which would double the kernel's descriptors (12 a process while it starts:
+    ~200 at once for two ``-n 8`` sets) and compete for the same cores."""
+    thread = _worker
+    if thread is not None and _forking.is_set():
+        thread.join(FORKING_WAIT_S)
     got = []
     with _lock:
         while _stock and len(got) < n:
@@ -123,6 +131,7 @@ def refill(n: int) -> None:
                 missing = want - len(_stock)
             if missing <= 0:
                 return
+            _forking.set()
             made = [Plumbing(ctx, duplex=False, spare=True) for _ in range(missing)]
             try:
                 starter.start_all([p.process for p in made], limit=starter.answer_limit())
@@ -138,6 +147,8 @@ def refill(n: int) -> None:
                         p.discard()
         except Exception:
             pass  # spares only save time: the next launch forks its ranks itself
+        finally:
+            _forking.clear()
 
     _worker = threading.Thread(target=work, name="nbddp-spares", daemon=True)
     _worker.start()

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import multiprocess
 from multiprocess import forkserver, spawn, util
 
+from . import privnet
 from .preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/preload.py
 from .preload import PROBE_TIMEOUT_S
 
@@ -27,7 +28,10 @@ def context(start_method: str = "forkserver"):
     if start_method == "forkserver":
         with _lock:
             if not _preload_set:
-                ctx.set_forkserver_preload(PRELOAD)
+                # first, before torch: NBDDP_PRIVATE_NET=1 moves the forkserver into a private
+                # network (nbddp/privnet.py), decided once per kernel, here
+                privnet.requested()
+                ctx.set_forkserver_preload(["nbddp._forkserver_net"] + PRELOAD)
                 _preload_set = True
     return ctx
 
@@ -89,8 +93,24 @@ def _preparation_without_main(name):
 spawn.get_preparation_data = _preparation_without_main
 
 
+_original_flush = util._flush_std_streams
+
+
+def _flush_unless_starting():
+    """multiprocess flushes sys.stdout/stderr before each start, so a forked child does not
+    repeat buffered output. A rank is forked by the forkserver (or spawned), never from the
+    kernel, so there is nothing to protect; and in ipykernel a flush from a thread other than
+    the IO thread gives that thread a zmq socket of its own (an eventfd), closed only by
+    ipykernel's sweep 10-20 s after the thread ended: 8 per ``-n 8`` cell's start threads."""
+    if not getattr(_starting, "active", False):
+        _original_flush()
+
+
+util._flush_std_streams = _flush_unless_starting
+
+
 def start(process) -> None:
-    """Start one rank's process (see _preparation_without_main)."""
+    """Start one rank's process (see _preparation_without_main, _flush_unless_starting)."""
     _starting.active = True
     try:
         process.start()

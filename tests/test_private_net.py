@@ -1,3 +1,166 @@
+"""Many users on one server (nbddp/privnet.py, nbddp/storehost.py): another local user (``nobody``,
+via runuser, as root) tries what a classmate could. By default it can connect to a launch's
+store (the exposure README "Logs and the store" states); with ``NBDDP_PRIVATE_NET=1`` neither it
+nor anyone outside the kernel's private network reaches the store or the ranks' gloo listeners,
+while the owner's cells run normally. Logs and pushed values are private either way."""
+import glob
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from kernel import Kernel
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None
+                                or not os.path.exists("/usr/bin/python3"),
+                                reason="needs root (to act as a second user, nobody) and runuser")
+
+PRIVNET = os.path.join(os.path.dirname(__file__), "..", "nbddp", "privnet.py")
+
+CELL = """%%ddp -n 2 --output text --push secret
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+print("READY", os.environ["MASTER_PORT"], os.getpid(), flush=True)
+time.sleep(4)
+t = torch.ones(1) * secret; dist.all_reduce(t); print("SUM", t.item())
+"""
+
+CONNECT = """
+import socket, sys
+for address in sys.argv[1:]:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+        print(address, "connected")
+    except OSError as exc:
+        print(address, type(exc).__name__)
+"""
+
+
+def as_nobody(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", "nobody", "--", *command], capture_output=True, text=True,
+                          timeout=60)
+
+
+def nobody_connects(addresses) -> dict:
+    done = as_nobody("/usr/bin/python3", "-c", CONNECT, *addresses)
+    return dict(line.rsplit(" ", 1) for line in done.stdout.splitlines())
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports listened on in ``pid``'s own network namespace (its /proc/PID/net view)."""
+    ports = set()
+    for name in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{name}") as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def machine_address() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def run_and_probe(k: Kernel):
+    """Run CELL; while its ranks sleep after init, try the store and each rank's listeners as
+    nobody, and read the launch's logs and pushed file as nobody."""
+    seen = {}
+
+    def probe(reply):
+        match = re.search(r"READY (\d+) (\d+)", reply.stdout)
+        if match is None or seen:
+            return
+        port, pid = int(match.group(1)), int(match.group(2))
+        targets = [f"127.0.0.1:{port}"] + [f"{host}:{p}" for p in listening_ports(pid) - {port}
+                                           for host in ("127.0.0.1", machine_address())]
+        seen["port"], seen["targets"] = port, nobody_connects(targets)
+        seen["net"] = os.readlink(f"/proc/{pid}/ns/net")
+        log_dir = max(glob.glob("/tmp/nbddp-*/launch-*"), key=os.path.getmtime)
+        seen["logs"] = as_nobody("cat", os.path.join(log_dir, "rank0.stdout"))
+        pushed = glob.glob("/dev/shm/nbddp-push-*")
+        seen["pushed"] = [as_nobody("ls", folder) for folder in pushed]
+        seen["planted"] = [as_nobody("touch", os.path.join(folder, "planted")) for folder in pushed]
+
+    k.ok("secret = 21")
+    msg_id = k.kc.execute(CELL)
+    reply = k.collect(msg_id, timeout=120, on_output=probe)
+    assert reply.error is None and reply.status == "ok", reply.text
+    assert "SUM 42.0" in reply.stdout
+    return seen
+
+
+def test_by_default_another_user_reaches_the_store_but_not_logs_or_pushed_values(kernel):
+    seen = run_and_probe(kernel)
+    assert seen["targets"][f"127.0.0.1:{seen['port']}"] == "connected"  # the exposure the README states
+    assert seen["logs"].returncode != 0 and "Permission denied" in seen["logs"].stderr
+    assert seen["pushed"] and all(r.returncode != 0 for r in seen["pushed"] + seen["planted"])
+
+
+@pytest.fixture(scope="module")
+def private_kernel(tmp_path_factory):
+    k = Kernel(cwd=str(tmp_path_factory.mktemp("nb")), env={**os.environ, "NBDDP_PRIVATE_NET": "1"})
+    loaded = k.ok("%load_ext nbddp")
+    assert "no private network" not in loaded.text  # this machine allows one
+    k.ok("%%ddp -n 1\npass", timeout=300)
+    yield k
+    k.shutdown()
+
+
+def test_a_private_network_keeps_store_and_listeners_from_everyone_else(private_kernel):
+    started = time.monotonic()
+    seen = run_and_probe(private_kernel)
+    assert seen["net"] != os.readlink(f"/proc/{private_kernel.pid}/ns/net")
+    assert len(seen["targets"]) >= 3, seen  # the store, and at least one gloo listener per address
+    assert all(v == "ConnectionRefusedError" for v in seen["targets"].values()), seen["targets"]
+    # not a matter of the uid: from outside the kernel's private network nobody gets in
+    for address in seen["targets"]:
+        host, port = address.rsplit(":", 1)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=2).close()
+    assert seen["logs"].returncode != 0 and seen["pushed"] and all(r.returncode != 0 for r in seen["pushed"])
+    assert time.monotonic() - started < 60
+
+
+def test_a_private_network_still_runs_pools_and_refuses_what_cannot_work(private_kernel):
+    k = private_kernel
+    k.ok("%ddp_pool start -n 2")
+    try:
+        reply = k.ok("%%ddp --output text\nimport torch, torch.distributed as dist\n"
+                     "dist.init_process_group('gloo'); t = torch.ones(1); dist.all_reduce(t); print('POOL', t.item())")
+        assert reply.stdout.count("POOL 2.0") == 2
+    finally:
+        k.ok("%ddp_pool stop")
+    spawn = k.execute("%%ddp -n 2 --start-method spawn\npass")
+    assert "--start-method spawn starts ranks outside the private network" in spawn.text
+    remote = k.execute("%%ddp -n 2 --master-addr 192.0.2.7\npass")
+    assert "is not this machine's loopback" in remote.text
+
+
+def test_an_unprivileged_user_gets_a_private_network_with_its_own_uid():
+    """The path a hub's users take (not root): a user namespace mapping only their own uid."""
+    code = ("import importlib.util, os, socket\n"
+            f"spec = importlib.util.spec_from_file_location('privnet', {os.path.abspath(PRIVNET)!r})\n"
+            "privnet = importlib.util.module_from_spec(spec); spec.loader.exec_module(privnet)\n"
+            "outside = privnet.network_id(); privnet.enter()\n"
+            "l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen()\n"
+            "socket.create_connection(l.getsockname()).close()\n"
+            "print('UID', os.getuid(), 'NEW', privnet.network_id() != outside)\n")
+    done = as_nobody("/usr/bin/python3", "-I", "-c", code)
+    if "not allowed here" in done.stderr:
+        pytest.skip("this machine allows no unprivileged user namespaces")
+    assert done.returncode == 0, done.stderr
+    assert "UID 65534 NEW True" in done.stdout
 
 
 def test_nothing_of_a_private_kernel_outlives_it(private_kernel):
