@@ -81,7 +81,7 @@ def _01():
         reads them (`env://`) and then `dist.get_rank()` / `dist.get_world_size()` agree with them.
         """),
         code("""
-        %%ddp -n $world_size
+        %%ddp -n $world_size --timeout 60
         import os, torch.distributed as dist
         dist.init_process_group("gloo")
         print(f"RANK={os.environ['RANK']} LOCAL_RANK={os.environ['LOCAL_RANK']} WORLD_SIZE={os.environ['WORLD_SIZE']} "
@@ -103,7 +103,7 @@ def _01():
         its node (`GROUP_RANK`), local rank and global rank as one JSON line.
         """),
         code("""
-        %%ddp --nnodes $nnodes --nproc-per-node $nproc_per_node
+        %%ddp --nnodes $nnodes --nproc-per-node $nproc_per_node --timeout 60
         import os, json
         me = {k: int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")}
         print("LAYOUT " + json.dumps(me))
@@ -146,7 +146,7 @@ def _01():
         """),
         md("### Solution"),
         code("""
-        %%ddp --nnodes 3 --nproc-per-node 2 --ranks 5
+        %%ddp --nnodes 3 --nproc-per-node 2 --ranks 5 --timeout 60
         import os
         print(f"node {os.environ['GROUP_RANK']} local {os.environ['LOCAL_RANK']} -> rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}")
         """, "solution"),
@@ -176,7 +176,7 @@ def _02():
         code(LOAD),
         md("## 1 · The full environment of one rank"),
         code("""
-        %%ddp -n $world_size --ranks 0
+        %%ddp -n $world_size --ranks 0 --timeout 60
         import os, json
         KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                 "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
@@ -211,7 +211,7 @@ def _02():
         fresh Python processes), but it is the real thing: compare the keys.
         """),
         code("""
-        %%ddp -n $world_size --launcher torchrun --ranks 0
+        %%ddp -n $world_size --launcher torchrun --ranks 0 --timeout 60
         import os, json
         KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                 "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
@@ -231,7 +231,7 @@ def _02():
         reproduces it (`--legacy-launch` alone gives the newer spelling `--local-rank=N`).
         """),
         code("""
-        %%ddp -n $world_size --legacy-launch underscore -- --lr 0.1
+        %%ddp -n $world_size --legacy-launch underscore --timeout 60 -- --lr 0.1
         import argparse, sys
         parser = argparse.ArgumentParser()
         parser.add_argument("--local_rank", type=int, default=-1)     # the old way
@@ -244,7 +244,7 @@ def _02():
         does `torch.cuda.set_device(args.local_rank)` breaks. That is the usual migration bug:
         """),
         code("""
-        %%ddp -n $world_size -- --lr 0.1
+        %%ddp -n $world_size --timeout 60 -- --lr 0.1
         import argparse, os, sys
         parser = argparse.ArgumentParser()
         parser.add_argument("--local_rank", type=int, default=-1)
@@ -298,7 +298,7 @@ def _02():
         '''
         results = []
         for line in (f"-n {world_size} --legacy-launch", f"-n {world_size} --legacy-launch underscore", f"-n {world_size}"):
-            get_ipython().run_cell_magic("ddp", line + " --output text", both_ways)
+            get_ipython().run_cell_magic("ddp", line + " --output text --timeout 60", both_ways)
             results.append(_ddp)
         """, "solution"),
         code("""
@@ -334,7 +334,7 @@ def _03():
         code(LOAD),
         md("## 1 · send / recv: pass a token around the ring 0 → 1 → … → 0"),
         code("""
-        %%ddp -n $world_size
+        %%ddp -n $world_size --timeout 60
         import torch, torch.distributed as dist
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -356,7 +356,7 @@ def _03():
         """),
         md("## 2 · All the collectives, each rank starting from `rank + 1`"),
         code("""
-        %%ddp -n $world_size
+        %%ddp -n $world_size --timeout 60
         import torch, torch.distributed as dist
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -395,7 +395,7 @@ def _03():
         We run it on a random tensor and compare with `dist.all_reduce`.
         """),
         code("""
-        %%ddp -n $world_size
+        %%ddp -n $world_size --timeout 60
         import torch, torch.distributed as dist
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -442,7 +442,7 @@ def _03():
         """),
         md("### Solution"),
         code("""
-        %%ddp -n $world_size
+        %%ddp -n $world_size --timeout 60
         import torch, torch.distributed as dist
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -525,7 +525,7 @@ def _04():
         a complete script: `%ddp_export` can write it to a file for torchrun (cell below).
         """),
         code("""
-        %%ddp -n $world_size -- --epochs $epochs --out $out_dir
+        %%ddp -n $world_size --timeout 60 -- --epochs $epochs --out $out_dir
         import argparse, os
         import torch, torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -610,7 +610,7 @@ def _04():
         """),
         md("### Solution"),
         code("""
-        %%ddp -n $world_size -- --out $out_dir
+        %%ddp -n $world_size --timeout 60 -- --out $out_dir
         import argparse, torch, torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
         from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
@@ -666,7 +666,7 @@ def _05():
         code(LOAD),
         md("## 1 · Who gets which index"),
         code("""
-        %%ddp -n $world_size -- $N
+        %%ddp -n $world_size --timeout 60 -- $N
         import json, os, sys
         from torch.utils.data import DistributedSampler
         N = int(sys.argv[1])
@@ -710,7 +710,7 @@ def _05():
         Here sample *i* is predicted correctly unless `i % 4 == 0`.
         """),
         code("""
-        %%ddp -n $world_size -- $N
+        %%ddp -n $world_size --timeout 60 -- $N
         import sys, torch, torch.distributed as dist
         from torch.utils.data import DistributedSampler
         dist.init_process_group("gloo")
@@ -749,7 +749,7 @@ def _05():
         """),
         md("### Solution"),
         code("""
-        %%ddp -n $world_size -- $N
+        %%ddp -n $world_size --timeout 60 -- $N
         import sys, torch, torch.distributed as dist
         dist.init_process_group("gloo")
         N = int(sys.argv[1]); rank, world = dist.get_rank(), dist.get_world_size()
@@ -856,7 +856,7 @@ def _06():
         holder = socket.socket(); holder.bind(("127.0.0.1", 0)); holder.listen()
         busy_port = holder.getsockname()[1]
         try:
-            get_ipython().run_cell_magic("ddp", f"-n {world_size} --master-port {busy_port}", "print('never runs')")
+            get_ipython().run_cell_magic("ddp", f"-n {world_size} --master-port {busy_port} --timeout 60", "print('never runs')")
             raise AssertionError("expected a UsageError")
         except UsageError as exc:
             port_error = str(exc)
@@ -879,7 +879,7 @@ def _06():
         config_errors = {}
         for line in ("-n 4 --nnodes 3", "-n 4 --nproc-per-node 3 --nnodes 2"):
             try:
-                get_ipython().run_cell_magic("ddp", line, "print('never runs')")
+                get_ipython().run_cell_magic("ddp", line + " --timeout 60", "print('never runs')")
             except UsageError as exc:
                 config_errors[line] = str(exc)
                 print(f"%%ddp {line}\\n    -> {exc}")
@@ -924,7 +924,7 @@ def _06():
         print("all_reduce over the tutorial's own rendezvous:", t.item())
         dist.destroy_process_group()
         '''
-        get_ipython().run_cell_magic("ddp", f"-n {world_size}", tutorial)
+        get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60", tutorial)
         own_rendezvous = _ddp
         """),
         md("""
@@ -933,7 +933,7 @@ def _06():
         """),
         code("""
         try:
-            get_ipython().run_cell_magic("ddp", f"-n {world_size}", tutorial.replace(f", {world_size})", f", {world_size + 1})"))
+            get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60", tutorial.replace(f", {world_size})", f", {world_size + 1})"))
             raise AssertionError("expected a DDPError")
         except nbddp.DDPError as exc:
             wrong_size = exc.result
@@ -958,7 +958,7 @@ def _06():
         """),
         md("### Solution"),
         code("""
-        %%ddp -n $world_size --timeout 30
+        %%ddp -n $world_size --timeout 60
         import torch, torch.distributed as dist
         dist.init_process_group("gloo")
         rank = dist.get_rank()
@@ -1023,7 +1023,7 @@ def _07():
         keep traffic on the fast local links).
         """),
         code("""
-        %%ddp --nnodes $nnodes --nproc-per-node $nproc_per_node
+        %%ddp --nnodes $nnodes --nproc-per-node $nproc_per_node --timeout 60
         import os, torch, torch.distributed as dist
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -1095,7 +1095,7 @@ def _07():
         if slurm_nodes:
             on = min(nnodes, slurm_nodes)
             lesson_cell = open("runs/07/train_slurm.py").read()      # section 2's cell, as exported
-            get_ipython().run_cell_magic("ddp", f"--launcher slurm --nnodes {on} --nproc-per-node {nproc_per_node}",
+            get_ipython().run_cell_magic("ddp", f"--launcher slurm --nnodes {on} --nproc-per-node {nproc_per_node} --timeout 300",
                                          lesson_cell)
             assert _ddp.ok and len(_ddp.ranks) == on * nproc_per_node
             print(f"ok: the cell ran under Slurm on {on} node(s)")
@@ -1110,7 +1110,7 @@ def _07():
         """),
         md("### Solution"),
         code("""
-        %%ddp --nnodes 2 --nproc-per-node 4 --ranks 5
+        %%ddp --nnodes 2 --nproc-per-node 4 --ranks 5 --timeout 60
         import os
         print(f"rank {os.environ['RANK']}: node {os.environ['GROUP_RANK']}, cuda:{os.environ['LOCAL_RANK']}")
         """, "solution"),
@@ -1147,7 +1147,7 @@ def _08():
         A DDP comm hook counts how often DDP all-reduces; a plain copy of the model computes the big-batch gradient.
         """),
         code("""
-        %%ddp -n $world_size -- $accum
+        %%ddp -n $world_size --timeout 60 -- $accum
         import contextlib, copy, sys
         import torch, torch.distributed as dist, torch.nn.functional as F
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -1198,7 +1198,7 @@ def _08():
         float32 weights.
         """),
         code("""
-        %%ddp -n $world_size
+        %%ddp -n $world_size --timeout 60
         import torch, torch.distributed as dist, torch.nn.functional as F
         from torch.nn.parallel import DistributedDataParallel as DDP
         dist.init_process_group("gloo")
@@ -1226,7 +1226,7 @@ def _08():
         """),
         md("## 3 · CUDA: fp16 + GradScaler (runs only with one GPU per rank)"),
         code("""
-        %%ddp -n $world_size
+        %%ddp -n $world_size --timeout 60
         import os, torch
         if not (torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])):
             print("skipped: needs one CUDA GPU per rank")
@@ -1272,7 +1272,7 @@ def _08():
         """),
         md("### Solution"),
         code("""
-        %%ddp -n $world_size -- $accum
+        %%ddp -n $world_size --timeout 60 -- $accum
         import contextlib, sys, torch, torch.distributed as dist, torch.nn.functional as F
         from torch.nn.parallel import DistributedDataParallel as DDP
         dist.init_process_group("gloo")
@@ -1333,7 +1333,7 @@ def _09():
             print(f"{name:5} built in: {ok}")
         """),
         code("""
-        %%ddp -n $world_size
+        %%ddp -n $world_size --timeout 60
         import nbddp, torch.distributed as dist
         dist.init_process_group(nbddp.backend())
         print(f"rank {dist.get_rank()}: nbddp.backend() = {nbddp.backend()}, in use: {dist.get_backend()}")
@@ -1350,7 +1350,7 @@ def _09():
         import nbddp
         if not available["nccl"]:
             try:
-                nbddp.run("import torch.distributed as dist\\ndist.init_process_group('nccl')\\n", n=world_size)
+                nbddp.run("import torch.distributed as dist\\ndist.init_process_group('nccl')\\n", n=world_size, timeout=60)
                 raise AssertionError("expected an error")
             except nbddp.DDPError as exc:
                 nccl_error = exc.result.failed[0]
@@ -1365,7 +1365,7 @@ def _09():
         into ~25 MB *buckets* instead of one all-reduce per parameter.)
         """),
         code("""
-        %%ddp -n $world_size -- $reps $max_log2
+        %%ddp -n $world_size --timeout 60 -- $reps $max_log2
         import json, sys, time, torch, torch.distributed as dist
         dist.init_process_group("gloo")
         reps, max_log2 = int(sys.argv[1]), int(sys.argv[2])
@@ -1415,7 +1415,7 @@ def _09():
         """),
         md("### Solution"),
         code("""
-        %%ddp -n $world_size -- $reps
+        %%ddp -n $world_size --timeout 60 -- $reps
         import statistics, sys, time, torch, torch.distributed as dist
         dist.init_process_group("gloo")
         reps = int(sys.argv[1]); t = torch.ones(2 ** 18)      # 1 MiB
@@ -1463,7 +1463,7 @@ def _10():
         ranks run.)
         """),
         code("""
-        %%ddp -n $world_size --log-dir $log_dir/nbddp -- $log_dir
+        %%ddp -n $world_size --log-dir $log_dir/nbddp --timeout 60 -- $log_dir
         import logging, os, sys, torch, torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
         dist.init_process_group("gloo")
@@ -1496,7 +1496,7 @@ def _10():
         `chrome://tracing` or Perfetto).
         """),
         code("""
-        %%ddp -n $world_size -- $log_dir
+        %%ddp -n $world_size --timeout 60 -- $log_dir
         import json, sys, torch, torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
         from torch.profiler import profile, ProfilerActivity
@@ -1539,7 +1539,7 @@ def _10():
         code("""
         import nbddp
         try:
-            get_ipython().run_cell_magic("ddp", f"-n {world_size}", "import torch\\nx = torch.empty(2**50)  # 4 PiB\\n")
+            get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60", "import torch\\nx = torch.empty(2**50)  # 4 PiB\\n")
             raise AssertionError("expected an error")
         except nbddp.DDPError as exc:
             oom = exc.result.failed[0]
@@ -1572,7 +1572,7 @@ def _10():
         import re
         timing = {}
         for n in sorted({1, world_size}):
-            get_ipython().run_cell_magic("ddp", f"-n {n} --output text --ranks 0", speed)
+            get_ipython().run_cell_magic("ddp", f"-n {n} --output text --ranks 0 --timeout 60", speed)
             timing[n] = tuple(map(float, re.search(r"STEP (\\S+) ALLREDUCE (\\S+)", _ddp.ranks[0].stdout).groups()))
         for n, (step, reduce_ms) in timing.items():
             print(f"{n} rank(s): {step:.3f} ms per step (same global batch), all_reduce of the grads {reduce_ms:.3f} ms")
@@ -1589,7 +1589,7 @@ def _10():
         s = torch.tensor([scores.sum().item(), float(len(scores))]); dist.all_reduce(s)
         if rank == 0: print(f"WRONG {wrong:.3f} RIGHT {(s[0] / s[1]).item():.3f}")
         '''
-        get_ipython().run_cell_magic("ddp", f"-n {world_size} --output text", metric)
+        get_ipython().run_cell_magic("ddp", f"-n {world_size} --output text --timeout 60", metric)
         wrong, right = map(float, re.search(r"WRONG (\\S+) RIGHT (\\S+)", _ddp.ranks[0].stdout).groups())
         print("rank 0 only:", wrong, "| all_reduce:", right, "| true mean:", 4.5)
         assert right == 4.5 and (world_size == 1 or wrong != 4.5)
@@ -1631,7 +1631,7 @@ def _10():
         """),
         md("### Solution"),
         code("""
-        %%ddp -n $world_size
+        %%ddp -n $world_size --timeout 60
         import json, time, torch, torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
         from torch.profiler import profile, ProfilerActivity

@@ -49,6 +49,20 @@ def test_all_ten_lessons_exist():
     assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in range(1, 11)], LESSONS
 
 
+RANK_STARTERS = re.compile(r"^%%ddp\s.*$|run_cell_magic\(\"ddp\".*$|nbddp\.run\(.*$", re.M)
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_FILES)
+def test_every_launch_in_a_lesson_has_a_timeout(name):
+    """A hang fails the lesson within a minute instead of after CI's 90: every ``%%ddp`` cell,
+    ``run_cell_magic("ddp", ...)`` and ``nbddp.run(...)`` in a notebook names a timeout on its line."""
+    nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+    launches = [m.group(0) for c in nb.cells if c.cell_type == "code" for m in RANK_STARTERS.finditer(c.source)]
+    assert launches, "a lesson launches ranks"
+    untimed = [line for line in launches if "timeout" not in line]
+    assert not untimed, untimed
+
+
 @pytest.mark.parametrize("name", NOTEBOOK_FILES)
 def test_lesson_runs_clean_and_checks_pass(name, kernel_name, tmp_path):
     """Every notebook in notebooks/ (the quickstart, lessons 01-10, the pool one), with only what
