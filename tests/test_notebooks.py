@@ -57,9 +57,9 @@ def kernel_name(tmp_path_factory):
 
 
 def test_lessons_are_numbered_in_order():
-    """build.py writes 01-10 and 12; 00 (quickstart) and 11 (persistent pool) are hand-written."""
-    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in (*range(1, 11), 12)], LESSONS
-    assert [name[:2] for name in NOTEBOOK_FILES] == [f"{i:02d}" for i in range(13)], NOTEBOOK_FILES
+    """build.py writes 01-10, 12 and 13; 00 (quickstart) and 11 (persistent pool) are hand-written."""
+    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in (*range(1, 11), 12, 13)], LESSONS
+    assert [name[:2] for name in NOTEBOOK_FILES] == [f"{i:02d}" for i in range(14)], NOTEBOOK_FILES
 
 
 RANK_STARTERS = re.compile(r"^%%ddp\s.*$|run_cell_magic\(\"ddp\".*$|nbddp\.run\(.*$", re.M)
