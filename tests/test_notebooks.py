@@ -62,7 +62,7 @@ def test_lessons_are_numbered_in_order():
     assert [name[:2] for name in NOTEBOOK_FILES] == [f"{i:02d}" for i in range(14)], NOTEBOOK_FILES
 
 
-RANK_STARTERS = re.compile(r"^%%ddp\s.*$|run_cell_magic\(\"ddp\".*$|nbddp\.run\(.*$", re.M)
+RANK_STARTERS = re.compile(r"^%%ddp\s.*$|run_cell_magic\(\s*\"ddp\".*$|nbddp\.run\(.*$", re.M)
 
 
 @pytest.mark.parametrize("name", NOTEBOOK_FILES)
