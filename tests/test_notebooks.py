@@ -23,8 +23,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 ARTIFACTS = os.path.join(ROOT, "artifacts", "notebooks")
 NOTEBOOK_FILES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(NOTEBOOKS, "[0-9][0-9]_*.ipynb")))
-LESSONS = [name for name in NOTEBOOK_FILES if re.match(r"(0[1-9]|10)_", name)]  # built by notebooks/build.py
 KERNEL = "nbddp-lessons"
+
+
+def _load_build(folder):
+    """notebooks/build.py as a module (it writes nothing when imported)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lessons_build", os.path.join(folder, "build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LESSONS = [name + ".ipynb" for name, _ in _load_build(NOTEBOOKS).LESSONS]  # built by notebooks/build.py
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +56,29 @@ def kernel_name(tmp_path_factory):
         os.environ["JUPYTER_PATH"] = old
 
 
-def test_all_ten_lessons_exist():
-    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in range(1, 11)], LESSONS
+def test_lessons_are_numbered_in_order():
+    """build.py writes 01-10, 12 and 13; 00 (quickstart) and 11 (persistent pool) are hand-written."""
+    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in (*range(1, 11), 12, 13)], LESSONS
+    assert [name[:2] for name in NOTEBOOK_FILES] == [f"{i:02d}" for i in range(14)], NOTEBOOK_FILES
+
+
+RANK_STARTERS = re.compile(r"^%%ddp\s.*$|run_cell_magic\(\s*\"ddp\".*$|nbddp\.run\(.*$", re.M)
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_FILES)
+def test_every_launch_in_a_lesson_has_a_timeout(name):
+    """A hang fails the lesson within a minute instead of after CI's 90: every ``%%ddp`` cell,
+    ``run_cell_magic("ddp", ...)`` and ``nbddp.run(...)`` in a notebook names a timeout on its line."""
+    nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+    launches = [m.group(0) for c in nb.cells if c.cell_type == "code" for m in RANK_STARTERS.finditer(c.source)]
+    assert launches, "a lesson launches ranks"
+    untimed = [line for line in launches if "timeout" not in line]
+    assert not untimed, untimed
 
 
 @pytest.mark.parametrize("name", NOTEBOOK_FILES)
 def test_lesson_runs_clean_and_checks_pass(name, kernel_name, tmp_path):
-    """Every notebook in notebooks/ (the quickstart, lessons 01-10, the pool one), with only what
+    """Every notebook in notebooks/ (the quickstart, the built lessons, the pool one), with only what
     the README's install gives: this interpreter has the ``lessons`` extra (the test extra
     includes it) and nothing the notebooks import beyond that."""
     src = os.path.join(NOTEBOOKS, name)
@@ -91,11 +118,7 @@ def test_build_script_matches_committed_notebooks(tmp_path):
     shutil.copytree(NOTEBOOKS, scratch)
     sys.path.insert(0, str(scratch))
     try:
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("lessons_build", scratch / "build.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        assert module.main(["--check"]) == 0
+        assert _load_build(str(scratch)).main(["--check"]) == 0
     finally:
         sys.path.remove(str(scratch))
 
