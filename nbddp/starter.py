@@ -3,12 +3,17 @@ without forking the multi-threaded kernel or a process that has touched CUDA), o
 """
 from __future__ import annotations
 
+import getpass
+import os
+import re
 import subprocess
+import tempfile
 import threading
 
 import multiprocess
 from multiprocess import forkserver, spawn, util
 
+from . import janitor
 from .preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/preload.py
 
 _lock = threading.Lock()
@@ -34,11 +39,37 @@ def _spawnv_passfds_in_own_session(path, args, passfds):
     """multiprocess's helper that starts the forkserver (and spawned ranks), but in a session
     of its own: Jupyter's stop button signals the kernel's whole process group, and a SIGINT
     there would kill the forkserver while it imports torch. The forkserver still ends with
-    the kernel (its alive pipe closes), so do the ranks and spares it forked (lifelines)."""
+    the kernel (its alive pipe closes), so do the ranks and spares it forked (lifelines), and
+    the watcher of nbddp/janitor.py ends whatever of them is stuck and removes multiprocess's
+    ``pymp-*`` folder (the listener's socket) and torch's cache folder if the preload made it
+    empty (``import torch._dynamo`` creates it)."""
+    janitor.remove_if_empty_at_exit(_new_inductor_cache_dir())
+    janitor.remove_at_exit(util.get_temp_dir())
     child = subprocess.Popen(list(args), executable=path, pass_fds=tuple(sorted(map(int, passfds))),
                              close_fds=True, start_new_session=True)
     _children[child.pid] = child
+    janitor.end_with_kernel(passfds)
     return child.pid
+
+
+_inductor_dir_checked = False
+
+
+def _new_inductor_cache_dir() -> str:
+    """torch's inductor cache folder (as torch._inductor.runtime.cache_dir_utils names it) if it
+    does not exist before the first helper starts, else "" (it is the user's, or another's)."""
+    global _inductor_dir_checked
+    if _inductor_dir_checked:
+        return ""
+    _inductor_dir_checked = True
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if path is None:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}"
+        path = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return "" if os.path.exists(path) else os.path.abspath(path)
 
 
 util.spawnv_passfds = _spawnv_passfds_in_own_session
