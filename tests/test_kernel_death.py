@@ -18,19 +18,6 @@ SLEEPING = "%%ddp -n 2\nimport time\nprint('running', flush=True)\ntime.sleep(12
 HOLDING_THE_GIL = "%%ddp -n 2\nimport re\nprint('running', flush=True)\nre.match(r'(a+)+$', 'a' * 60 + 'b')"
 
 
-def _run_until_both_ranks_print(k: Kernel, code: str) -> None:
-    msg_id = k.kc.execute(code)
-    text, deadline = "", time.monotonic() + 60
-    while text.count("running") < 2:
-        assert time.monotonic() < deadline, f"the ranks did not start: {text}"
-        try:
-            msg = k.kc.get_iopub_msg(timeout=1)
-        except Exception:
-            continue
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            text += msg["content"]["text"]
-
-
 def _forkserver(k: Kernel) -> psutil.Process:
     return next(p for p in psutil.Process(k.pid).children() if "forkserver" in " ".join(p.cmdline()))
 
@@ -68,9 +55,9 @@ def test_nothing_of_a_killed_kernel_outlives_it(tmp_path, target, moment):
         else:
             k.settle()
         if moment == "mid-cell":
-            _run_until_both_ranks_print(k, SLEEPING)
+            k.start_until(SLEEPING, lambda text: text.count("running") == 2)
         elif moment == "rank-holding-the-gil":
-            _run_until_both_ranks_print(k, HOLDING_THE_GIL)
+            k.start_until(HOLDING_THE_GIL, lambda text: text.count("running") == 2)
         elif moment == "forkserver-stuck":
             os.kill(_forkserver(k).pid, signal.SIGSTOP)
         pids = _processes_of(k, tmp)
