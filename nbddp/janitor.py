@@ -58,15 +58,33 @@ def remove_if_empty_at_exit(path: str) -> None:
 
 
 def end_with_kernel(fds) -> None:
-    """The pipes among ``fds`` belong to a helper of this kernel: whatever holds them when the
-    kernel ends is ended (see the module's docstring)."""
+    """The pipes among ``fds`` (passed to a helper of this kernel) are the kernel's own: whatever
+    holds them when the kernel ends is ended (see the module's docstring). Not this process's
+    standard streams: the resource tracker is passed stderr, which in a Jupyter kernel is a pipe
+    to the Jupyter server."""
+    streams = _pipe_inodes([0, 1, 2] + [_fileno(s) for s in (sys.stdin, sys.stdout, sys.stderr,
+                                                             sys.__stdout__, sys.__stderr__)])
+    for inode in _pipe_inodes(fds) - streams:
+        _tell("pipe", str(inode))
+
+
+def _fileno(stream) -> int:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return -1
+
+
+def _pipe_inodes(fds) -> set[int]:
+    inodes = set()
     for fd in fds:
         try:
             info = os.fstat(fd)
-        except OSError:
+        except (OSError, TypeError, ValueError):
             continue
         if stat.S_ISFIFO(info.st_mode):
-            _tell("pipe", str(info.st_ino))
+            inodes.add(info.st_ino)
+    return inodes
 
 
 def _tell(kind: str, value: str) -> None:

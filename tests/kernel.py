@@ -30,10 +30,10 @@ class Kernel:
     """Start a kernel with this interpreter (or ``python``: another venv's), run cells in it, and
     inspect its processes."""
 
-    def __init__(self, cwd: str | None = None, env: dict | None = None, python: str | None = None):
+    def __init__(self, cwd: str | None = None, env: dict | None = None, python: str | None = None, **popen):
         self.km = KernelManager(kernel_name="python3")
         self.km.kernel_spec.argv[0] = python or sys.executable
-        kw = {"cwd": cwd} if cwd else {}
+        kw = {"cwd": cwd, **popen} if cwd else dict(popen)
         if env is not None:
             kw["env"] = env
         self.km.start_kernel(**kw)

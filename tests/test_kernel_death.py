@@ -7,6 +7,7 @@ spares, ranks, nbddp's watcher) and its temporary folder is empty: no ``pymp-*``
 no ``nbddp-*`` (logs), no empty ``torchinductor_*`` (torch's cache, made by the preload)."""
 import os
 import signal
+import subprocess
 import time
 
 import psutil
@@ -16,6 +17,12 @@ from kernel import Kernel, alive, wait_gone
 
 SLEEPING = "%%ddp -n 2\nimport time\nprint('running', flush=True)\ntime.sleep(120)"
 HOLDING_THE_GIL = "%%ddp -n 2\nimport re\nprint('running', flush=True)\nre.match(r'(a+)+$', 'a' * 60 + 'b')"
+
+
+def as_in_jupyter() -> dict:
+    """The environment without pytest's mark, so ipykernel captures fds 1 and 2 (into pipes of
+    its own, keeping a copy of the originals) as under Jupyter."""
+    return {key: value for key, value in os.environ.items() if key != "PYTEST_CURRENT_TEST"}
 
 
 def _forkserver(k: Kernel) -> psutil.Process:
@@ -45,7 +52,7 @@ CASES += [("kernel", "forkserver-stuck"), ("kernel", "rank-holding-the-gil")]
 def test_nothing_of_a_killed_kernel_outlives_it(tmp_path, target, moment):
     tmp = str(tmp_path / "tmp")
     os.mkdir(tmp)
-    k = Kernel(cwd=str(tmp_path), env=dict(os.environ, TMPDIR=tmp))
+    k = Kernel(cwd=str(tmp_path), env=dict(as_in_jupyter(), TMPDIR=tmp))
     pids = []
     try:
         k.ok("%load_ext nbddp")
@@ -77,6 +84,28 @@ def test_nothing_of_a_killed_kernel_outlives_it(tmp_path, target, moment):
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
+        if k.km.is_alive():
+            k.km.shutdown_kernel(now=True)
+
+
+def test_the_process_reading_the_kernels_stderr_is_not_the_kernels_to_end(tmp_path):
+    """Jupyter's server reads a kernel's stdout/stderr through pipes, and multiprocess passes
+    stderr to the resource tracker: that pipe is not one of the kernel's own."""
+    r, w = os.pipe()
+    server = subprocess.Popen(["sleep", "300"], stdin=r)  # holds the read end, as the server does
+    os.close(r)
+    k = Kernel(cwd=str(tmp_path), env=as_in_jupyter(), stdout=w, stderr=w)
+    os.close(w)
+    try:
+        k.ok("%load_ext nbddp")
+        k.ok("%%ddp -n 2\npass", timeout=300)
+        os.kill(k.pid, signal.SIGKILL)
+        time.sleep(5)
+        assert server.poll() is None, "nbddp's watcher ended the process reading the kernel's stderr"
+    finally:
+        k.kc.stop_channels()
+        server.kill()
+        server.wait()
         if k.km.is_alive():
             k.km.shutdown_kernel(now=True)
 
