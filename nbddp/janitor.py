@@ -24,12 +24,15 @@ kernel (and what the kernel itself forks) holds its write end.
 from __future__ import annotations
 
 import atexit
+import getpass
 import os
+import re
 import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -85,6 +88,27 @@ def _pipe_inodes(fds) -> set[int]:
         if stat.S_ISFIFO(info.st_mode):
             inodes.add(info.st_ino)
     return inodes
+
+
+_torch_cache_checked = False
+
+
+def new_torch_cache_dir() -> str:
+    """torch's inductor cache folder (as torch._inductor.runtime.cache_dir_utils names it) if it
+    does not exist at the first call (before the first helper starts), else "" (then it is the
+    user's, or another process's)."""
+    global _torch_cache_checked
+    if _torch_cache_checked:
+        return ""
+    _torch_cache_checked = True
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if path is None:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}"
+        path = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return "" if os.path.exists(path) else os.path.abspath(path)
 
 
 def _tell(kind: str, value: str) -> None:

@@ -3,11 +3,7 @@ without forking the multi-threaded kernel or a process that has touched CUDA), o
 """
 from __future__ import annotations
 
-import getpass
-import os
-import re
 import subprocess
-import tempfile
 import threading
 
 import multiprocess
@@ -43,33 +39,13 @@ def _spawnv_passfds_in_own_session(path, args, passfds):
     the watcher of nbddp/janitor.py ends whatever of them is stuck and removes multiprocess's
     ``pymp-*`` folder (the listener's socket) and torch's cache folder if the preload made it
     empty (``import torch._dynamo`` creates it)."""
-    janitor.remove_if_empty_at_exit(_new_inductor_cache_dir())
+    janitor.remove_if_empty_at_exit(janitor.new_torch_cache_dir())
     janitor.remove_at_exit(util.get_temp_dir())
     child = subprocess.Popen(list(args), executable=path, pass_fds=tuple(sorted(map(int, passfds))),
                              close_fds=True, start_new_session=True)
     _children[child.pid] = child
     janitor.end_with_kernel(passfds)
     return child.pid
-
-
-_inductor_dir_checked = False
-
-
-def _new_inductor_cache_dir() -> str:
-    """torch's inductor cache folder (as torch._inductor.runtime.cache_dir_utils names it) if it
-    does not exist before the first helper starts, else "" (it is the user's, or another's)."""
-    global _inductor_dir_checked
-    if _inductor_dir_checked:
-        return ""
-    _inductor_dir_checked = True
-    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if path is None:
-        try:
-            user = getpass.getuser()
-        except (KeyError, OSError):
-            user = f"uid_{os.getuid()}"
-        path = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
-    return "" if os.path.exists(path) else os.path.abspath(path)
 
 
 util.spawnv_passfds = _spawnv_passfds_in_own_session
