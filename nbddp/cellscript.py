@@ -4,7 +4,7 @@ them (hydra's ``config_path="."``, ``Path(__file__).parent / "data"``, multiproc
 re-running ``__main__``) see what ``torchrun script.py`` run from the notebook's folder gives.
 
 The file exists only while its launch runs: removed when the launch ends and, if the kernel dies
-first, by the log folder's janitor (nbddp/logdirs.py). The full copy stays in the log folder.
+first, by the kernel's watcher (nbddp/janitor.py). The full copy stays in the log folder.
 """
 from __future__ import annotations
 

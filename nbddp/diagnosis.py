@@ -41,6 +41,8 @@ def describe_failure(exception: dict | None, code: int | None) -> str:
         if len(first) > CAUSE_LIMIT:  # the whole message is in the traceback shown below
             first = first[:CAUSE_LIMIT - 1].rstrip() + "…"
         return f"{exception['type']}{': ' + first if first else ''}{where}"
+    if code is None:
+        return "ended without an exit code: the forkserver that reports it had ended, and the rank said none"
     return f"exited with code {code}"
 
 

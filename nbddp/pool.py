@@ -184,7 +184,7 @@ class PoolRanks(Source):
             rest = [r for r in self.procs.ranks if r.alive]  # their process group is gone
             self.procs.signal(rest, signal.SIGKILL, "failfast", "when the pool broke")
             for rank in rest:
-                self.procs.reap(rank)
+                self.procs.reap(rank, wait=5.0)
 
 
 class Pool:

@@ -6,7 +6,7 @@ of ranks (it was ranks x size when each rank got its own copy over a pipe).
 CPU tensors go out of band (pickle protocol 5): their bytes are written straight from the
 tensor's memory after the pickle stream, and a rank copies them out of its map into a storage
 of its own, with no torch.save round trip at either end; views keep sharing their storage.
-The file is removed when the cell ends, and with the kernel (nbddp/logdirs.py) if it is killed.
+The file is removed when the cell ends, and with the kernel (nbddp/janitor.py) if it is killed.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import sys
 import tempfile
 import uuid
 
-from .logdirs import private, remove_at_exit
+from .janitor import remove_at_exit
+from .logdirs import private
 
 _folder: str | None = None
 

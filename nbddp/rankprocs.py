@@ -12,7 +12,7 @@ import selectors
 import signal
 import time
 
-from . import spares, starter
+from . import exitstatus, spares, starter
 from .logdirs import private
 from .result import RUNNING, RankResult
 
@@ -35,6 +35,9 @@ class Rank:
         self.started = False  # said "started": setsid done, user code may run
         self.alive = False
         self.ended = False    # reported the end of its user code (exception / exit / done)
+        self.reported: int | None = None  # the exit code it said it exits with
+        self.pidfd: int | None = None     # readable once the process has ended
+        self.orphan = False   # its forkserver ended: no exit status comes; watched by pidfd
         self.began = False    # a pool rank: began the current cell
         self.finished = None  # (its exit code, when): the cell is over, the process exiting
         self.lingered = False  # nbddp ended it after its cell finished (it did not exit)
@@ -133,10 +136,15 @@ class RankProcs:
             self.selector.register(fd, selectors.EVENT_READ, ("out", rank, stream))
         self.selector.register(rank.ctl.fileno(), selectors.EVENT_READ, ("ctl", rank, None))
         self.selector.register(rank.process.sentinel, selectors.EVENT_READ, ("exit", rank, None))
+        rank.pidfd = exitstatus.pidfd(rank.process.pid)
         self.emit("rank_started", res)
 
     # ------------------------------------------------------------------- loop
     def poll(self, timeout: float, exits: bool = True) -> None:
+        if exits:  # orphans without a pidfd are looked at each time
+            for rank in self.ranks:
+                if rank.orphan and rank.alive and rank.pidfd is None:
+                    self.reap(rank)
         for key, _ in self.selector.select(timeout=timeout):
             kind, rank, stream = key.data
             if kind == "out":
@@ -192,6 +200,7 @@ class RankProcs:
             rank.ended = True
         elif kind == "exit":
             rank.ended = True
+            rank.reported = message[1]
         elif kind == "finished":
             rank.finished = (message[1], time.monotonic())
         elif kind == "return":
@@ -206,21 +215,35 @@ class RankProcs:
         else:
             self.on_message(rank, message)
 
-    def reap(self, rank: Rank) -> None:
-        """The rank's process exited (or must be waited for): record it, sweep its group."""
+    def reap(self, rank: Rank, wait: float = 0.0) -> None:
+        """The rank's process exited (or must be waited for, up to ``wait`` seconds): record
+        it, sweep its group. When its forkserver has ended, the status pipe closes while the
+        rank may still run: that is no exit; the rank is watched until its process ends, and
+        its code is the one it reported (none if it was killed before it could say)."""
         if not rank.alive:
             return
-        self._forget(rank.process.sentinel)
-        rank.process.join(5)
-        if rank.process.exitcode is None:  # unkillable for now (D state): try again later
-            self.selector.register(rank.process.sentinel, selectors.EVENT_READ, ("exit", rank, None))
-            return
+        if not rank.orphan:
+            self._forget(rank.process.sentinel)
+            rank.process.join(5)
+            if exitstatus.lost(rank.process):
+                rank.orphan = True
+            elif rank.process.exitcode is None:  # unkillable for now (D state): try again later
+                self.selector.register(rank.process.sentinel, selectors.EVENT_READ, ("exit", rank, None))
+                return
+        if rank.orphan:
+            if rank.pidfd is not None:
+                self._forget(rank.pidfd)
+            if not exitstatus.wait_ended(rank.pidfd, rank.process.pid, wait):
+                if rank.pidfd is not None:
+                    self.selector.register(rank.pidfd, selectors.EVENT_READ, ("exit", rank, None))
+                return
         rank.alive = False
         if rank.started:  # whatever the rank started and left behind in its group
             self._kill(rank, signal.SIGKILL, group_only=True)
         self.read_ctl(rank)
         res = rank.result
-        res.exitcode, res.ended_at = rank.process.exitcode, time.time()
+        res.exitcode = rank.reported if rank.orphan else rank.process.exitcode
+        res.ended_at = time.time()
         self.on_exit(rank)
 
     # --------------------------------------------------------------- signals
@@ -271,7 +294,7 @@ class RankProcs:
             if rank.alive:
                 rank.sent.add(signal.SIGKILL)
                 self._kill(rank, signal.SIGKILL)
-                self.reap(rank)
+                self.reap(rank, wait=5.0)
         deadline = time.monotonic() + DRAIN_LIMIT_S
         while any(rank.fds for rank in self.ranks) and time.monotonic() < deadline:
             self.poll(0.05, exits=False)
@@ -289,6 +312,10 @@ class RankProcs:
             if rank.lifeline_w is not None:
                 os.close(rank.lifeline_w)
                 rank.lifeline_w = None
+            if rank.pidfd is not None:
+                self._forget(rank.pidfd)
+                os.close(rank.pidfd)
+                rank.pidfd = None
             rank.close_logs()
             if rank.process is not None and rank.process.exitcode is not None:
                 rank.process.close()

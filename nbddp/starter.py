@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import multiprocess
 from multiprocess import forkserver, spawn, util
 
-from . import privnet
+from . import janitor, privnet
 from .preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/preload.py
 from .preload import PROBE_TIMEOUT_S
 
@@ -43,10 +43,16 @@ def _spawnv_passfds_in_own_session(path, args, passfds):
     """multiprocess's helper that starts the forkserver (and spawned ranks), but in a session
     of its own: Jupyter's stop button signals the kernel's whole process group, and a SIGINT
     there would kill the forkserver while it imports torch. The forkserver still ends with
-    the kernel (its alive pipe closes), so do the ranks and spares it forked (lifelines)."""
+    the kernel (its alive pipe closes), so do the ranks and spares it forked (lifelines), and
+    the watcher of nbddp/janitor.py ends whatever of them is stuck and removes multiprocess's
+    ``pymp-*`` folder (the listener's socket) and torch's cache folder if the preload made it
+    empty (``import torch._dynamo`` creates it)."""
+    janitor.remove_if_empty_at_exit(janitor.new_torch_cache_dir())
+    janitor.remove_at_exit(util.get_temp_dir())
     child = subprocess.Popen(list(args), executable=path, pass_fds=tuple(sorted(map(int, passfds))),
                              close_fds=True, start_new_session=True)
     _children[child.pid] = child
+    janitor.end_with_kernel(passfds)
     return child.pid
 
 

@@ -340,9 +340,10 @@ def sigint_deferred(on_sigint):
 
 # ------------------------------------------------------------------ exit states
 def ended_by_nbddp(code: int | None, exception: dict | None, sent) -> bool:
-    """Did one of the signals nbddp ``sent`` end the rank (not its own exit or crash)?"""
+    """Did one of the signals nbddp ``sent`` end the rank (not its own exit or crash)? With no
+    code (its forkserver ended, and it was ended before it could report one): if nbddp sent any."""
     if code is None:
-        return False
+        return bool(sent)
     if code < 0:
         return -code in sent
     return signal.SIGINT in sent and (code == 130 or (exception or {}).get("type") == "KeyboardInterrupt")

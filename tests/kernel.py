@@ -30,10 +30,10 @@ class Kernel:
     """Start a kernel with this interpreter (or ``python``: another venv's), run cells in it, and
     inspect its processes."""
 
-    def __init__(self, cwd: str | None = None, env: dict | None = None, python: str | None = None):
+    def __init__(self, cwd: str | None = None, env: dict | None = None, python: str | None = None, **popen):
         self.km = KernelManager(kernel_name="python3")
         self.km.kernel_spec.argv[0] = python or sys.executable
-        kw = {"cwd": cwd} if cwd else {}
+        kw = {"cwd": cwd, **popen} if cwd else dict(popen)
         if env is not None:
             kw["env"] = env
         self.km.start_kernel(**kw)
@@ -83,6 +83,22 @@ class Kernel:
                 break
         reply.status = shell["content"]["status"]
         return reply
+
+    def start_until(self, code: str, done, timeout: float = 60) -> str:
+        """Execute ``code`` without waiting for its end: return its stdout so far as soon as
+        ``done(stdout)`` holds (the cell runs on)."""
+        msg_id = self.kc.execute(code)
+        text, deadline = "", time.monotonic() + timeout
+        while not done(text):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not there in {timeout} s; so far: {text[-2000:]}")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                text += msg["content"]["text"]
+        return text
 
     def ok(self, code: str, timeout: float = 120) -> Reply:
         """Execute and fail the test with the kernel's own error text if the cell raised."""

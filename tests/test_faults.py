@@ -346,20 +346,11 @@ sys.stdout.buffer.write(b"\\x80 raw\\n"); sys.stdout.flush()
 
 
 def _start_sleeping_cell(k):
-    msg_id = k.kc.execute("""%%ddp -n 2
+    text = k.start_until("""%%ddp -n 2
 import os, subprocess, time
 print("PID", os.getpid(), "PID", subprocess.Popen(["sleep", "300"]).pid, flush=True)
 time.sleep(120)
-""")
-    deadline = time.monotonic() + 60
-    text = ""
-    while time.monotonic() < deadline and len(printed_pids(text)) < 4:
-        try:
-            msg = k.kc.get_iopub_msg(timeout=1)
-        except Exception:
-            continue
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            text += msg["content"]["text"]
+""", lambda text: len(printed_pids(text)) >= 4)
     pids = printed_pids(text)
     assert len(pids) == 4, text
     assert alive([k.pid]), "kernel died early"

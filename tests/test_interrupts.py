@@ -160,6 +160,32 @@ def test_forkserver_replaced_between_cells_by_the_spares_refill_is_still_reporte
     assert len(notes) == 1 and f"pid {server.pid}" in notes[0] and "background" in notes[0], reply.text
 
 
+def test_forkserver_killed_mid_cell_leaves_the_ranks_own_exit_codes(kernel):
+    """The forkserver reports each rank's exit code; killed while the ranks run, it reports
+    none. That is no exit: the ranks run on, and each is reported with the code it exited with
+    (never multiprocess's 255 for "status pipe closed"); the next cell gets a new forkserver."""
+    kernel.ok(NEXT, timeout=120)
+    server = _forkserver(kernel)
+
+    def kill_when_both_sleep(reply):
+        if reply.stdout.count("sleeping") == 2 and alive([server.pid]):
+            os.kill(server.pid, signal.SIGKILL)
+
+    msg_id = kernel.kc.execute("%%ddp -n 2 --output text\nimport os, sys, time\nprint('sleeping', flush=True)\n"
+                               "time.sleep(3)\nprint('woke', flush=True)\nsys.exit(3 if os.environ['RANK'] == '1' else 0)")
+    reply = kernel.collect(msg_id, timeout=60, on_output=kill_when_both_sleep)
+    assert not alive([server.pid]), "the forkserver was not killed mid-cell"
+    assert reply.stdout.count("woke") == 2, reply.text
+    codes = kernel.ok("import json; print(json.dumps([(r.exitcode, r.state) for r in _ddp.ranks]))").stdout
+    assert json.loads(codes) == [[0, "ok"], [3, "failed"]], codes
+    assert reply.error and "rank 1: failed (exited with code 3)" in "\n".join(reply.error["traceback"]), reply.text
+    assert "255" not in reply.text + "\n".join(reply.error["traceback"])
+    reply = kernel.ok(NEXT, timeout=180)
+    assert reply.stdout.count("next ok") == 2, reply.text
+    notes = [line for line in reply.text.splitlines() if "forkserver had ended" in line]
+    assert len(notes) == 1 and f"pid {server.pid}" in notes[0], reply.text
+
+
 HANDLERS = """%%ddp -n 3
 import os, time
 try:

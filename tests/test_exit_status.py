@@ -1,0 +1,38 @@
+"""A forkserver rank's exit code, read by several threads at once (each Process.start() polls
+every earlier child: the rank starts in starter.start_all's threads, the spares' refill): one
+read, the same true code for all; multiprocess alone gives some of them 255 (the status pipe
+read empty by the second reader)."""
+import threading
+import time
+
+import nbddp.rankprocs  # noqa: F401 - what the launcher imports
+from nbddp import starter
+
+
+def _exit_7():
+    import os
+
+    os._exit(7)
+
+
+def test_an_exit_code_polled_by_several_threads_at_once_is_the_true_one():
+    ctx = starter.context("forkserver")
+    codes = []
+    for _ in range(30):
+        process = ctx.Process(target=_exit_7)
+        starter.start(process)
+        time.sleep(0.05)  # it has exited: its status waits in the pipe
+        barrier = threading.Barrier(4)
+
+        def poll():
+            barrier.wait()
+            process._popen.poll()
+
+        threads = [threading.Thread(target=poll) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        codes.append(process.exitcode)
+        process.close()
+    assert codes == [7] * 30, codes

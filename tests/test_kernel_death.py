@@ -1,0 +1,120 @@
+"""Nothing of a kernel outlives it, however it dies: SIGKILL of the kernel alone (a crash, the
+OOM killer) or of its whole process group (Jupyter's restart of a kernel that does not answer);
+idle, mid-cell, right after a cell (spares being forked); with the forkserver stuck, or a rank
+stuck in C code holding the GIL (its lifeline thread cannot run, as in torch's gloo teardown
+deadlock). Within 5 s no process of it is left (by pid: the forkserver, the resource tracker,
+spares, ranks, nbddp's watcher) and its temporary folder is empty: no ``pymp-*`` (multiprocess),
+no ``nbddp-*`` (logs), no empty ``torchinductor_*`` (torch's cache, made by the preload)."""
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from kernel import Kernel, alive, wait_gone
+
+SLEEPING = "%%ddp -n 2\nimport time\nprint('running', flush=True)\ntime.sleep(120)"
+HOLDING_THE_GIL = "%%ddp -n 2\nimport re\nprint('running', flush=True)\nre.match(r'(a+)+$', 'a' * 60 + 'b')"
+
+
+def as_in_jupyter() -> dict:
+    """The environment without pytest's mark, so ipykernel captures fds 1 and 2 (into pipes of
+    its own, keeping a copy of the originals) as under Jupyter."""
+    return {key: value for key, value in os.environ.items() if key != "PYTEST_CURRENT_TEST"}
+
+
+def _forkserver(k: Kernel) -> psutil.Process:
+    return next(p for p in psutil.Process(k.pid).children() if "forkserver" in " ".join(p.cmdline()))
+
+
+def _processes_of(k: Kernel, tmp: str) -> list[int]:
+    """Every process the kernel made: its descendants, and those that left its tree but carry
+    its environment (the watcher, processes whose parent died)."""
+    pids = {p.pid for p in psutil.Process(k.pid).children(recursive=True)}
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != k.pid and proc.environ().get("TMPDIR") == tmp:
+                pids.add(proc.pid)
+        except psutil.Error:
+            pass
+    return sorted(pids)
+
+
+# The stuck helpers are in sessions of their own, out of the kernel's group's reach: killing
+# the kernel alone or its group is the same case for them.
+CASES = [(target, moment) for target in ("kernel", "group") for moment in ("idle", "mid-cell", "after-a-cell")]
+CASES += [("kernel", "forkserver-stuck"), ("kernel", "rank-holding-the-gil")]
+
+
+@pytest.mark.parametrize("target,moment", CASES)
+def test_nothing_of_a_killed_kernel_outlives_it(tmp_path, target, moment):
+    tmp = str(tmp_path / "tmp")
+    os.mkdir(tmp)
+    k = Kernel(cwd=str(tmp_path), env=dict(as_in_jupyter(), TMPDIR=tmp))
+    pids = []
+    try:
+        k.ok("%load_ext nbddp")
+        k.ok("%%ddp -n 2\nimport torch\nprint(torch.ones(2).sum())", timeout=300)
+        if moment == "after-a-cell":
+            k.ok("%%ddp -n 2\nprint('done')")
+        else:
+            k.settle()
+        if moment == "mid-cell":
+            k.start_until(SLEEPING, lambda text: text.count("running") == 2)
+        elif moment == "rank-holding-the-gil":
+            k.start_until(HOLDING_THE_GIL, lambda text: text.count("running") == 2)
+        elif moment == "forkserver-stuck":
+            os.kill(_forkserver(k).pid, signal.SIGSTOP)
+        pids = _processes_of(k, tmp)
+        assert len(pids) >= 3, pids  # at least the forkserver, the resource tracker and the watcher
+        kernel, killed = k.pid, time.monotonic()
+        os.kill(kernel, signal.SIGKILL) if target == "kernel" else os.killpg(os.getpgid(kernel), signal.SIGKILL)
+        survivors = wait_gone(pids, 5)
+        while os.listdir(tmp) and time.monotonic() < killed + 5:  # the watcher removes them last
+            time.sleep(0.05)
+        assert not survivors, f"outlived the kernel: {[(p, psutil.Process(p).cmdline()[:3]) for p in survivors]}"
+        assert os.listdir(tmp) == [], "left behind in the temporary folder"
+    finally:
+        k.kc.stop_channels()
+        for pid in alive(pids):
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        if k.km.is_alive():
+            k.km.shutdown_kernel(now=True)
+
+
+def test_the_process_reading_the_kernels_stderr_is_not_the_kernels_to_end(tmp_path):
+    """Jupyter's server reads a kernel's stdout/stderr through pipes, and multiprocess passes
+    stderr to the resource tracker: that pipe is not one of the kernel's own."""
+    r, w = os.pipe()
+    server = subprocess.Popen(["sleep", "300"], stdin=r)  # holds the read end, as the server does
+    os.close(r)
+    k = Kernel(cwd=str(tmp_path), env=as_in_jupyter(), stdout=w, stderr=w)
+    os.close(w)
+    try:
+        k.ok("%load_ext nbddp")
+        k.ok("%%ddp -n 2\npass", timeout=300)
+        os.kill(k.pid, signal.SIGKILL)
+        time.sleep(5)
+        assert server.poll() is None, "nbddp's watcher ended the process reading the kernel's stderr"
+    finally:
+        k.kc.stop_channels()
+        server.kill()
+        server.wait()
+        if k.km.is_alive():
+            k.km.shutdown_kernel(now=True)
+
+
+def test_the_watcher_ends_writers_first_and_reads_its_orders():
+    """Pure parts of nbddp/janitor.py: a process holding a write end of a kernel's pipe is a
+    writer (ended at once) even if it also holds a read end; others' pipes are not looked at."""
+    from nbddp.janitor import holders, parse
+
+    ends = [(10, 7, False), (11, 7, True), (12, 8, True), (12, 7, False), (13, 9, True), (14, 8, False)]
+    assert holders(ends, {7, 8}) == ({11, 12}, {10, 14})
+    assert parse([b"rm /tmp/a b\n", b"rmdir /tmp/c\n", b"pipe 42\n", b"pipe x\n"]) == (["/tmp/a b"], ["/tmp/c"], {42})
