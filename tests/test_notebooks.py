@@ -124,7 +124,7 @@ def test_build_script_matches_committed_notebooks(tmp_path):
 
 
 def _pin(text):
-    match = re.search(r"torch==([\d.]+)", text)
+    match = re.search(r"torch==([\d.]+)", text) or re.search(r"^torch_version=([\d.]+)$", text, re.M)
     return match and match.group(1)
 
 
