@@ -272,8 +272,7 @@ class RankProcs:
     def kill_now(self) -> None:
         for rank in self.ranks:
             if rank.alive:
-                rank.sent.add(signal.SIGKILL)
-                self._kill(rank, signal.SIGKILL)
+                self.kill_rank(rank)
 
     def _kill(self, rank: Rank, sig: int, group_only: bool = False) -> None:
         pid = rank.process.pid if rank.process is not None else None
@@ -292,8 +291,7 @@ class RankProcs:
         """Reap every rank (SIGKILL for those still alive), drain the pipes, close everything."""
         for rank in self.ranks:
             if rank.alive:
-                rank.sent.add(signal.SIGKILL)
-                self._kill(rank, signal.SIGKILL)
+                self.kill_rank(rank)
                 self.reap(rank, wait=5.0)
         deadline = time.monotonic() + DRAIN_LIMIT_S
         while any(rank.fds for rank in self.ranks) and time.monotonic() < deadline:

@@ -199,7 +199,9 @@ def start_all(processes, limit: float | None = None) -> None:
                 break
             except KeyboardInterrupt as exc:
                 interrupted = exc
-    if stuck is not None:
+    if stuck is not None:  # the blocked starts fail at once now: let them, so none starts unseen
+        for thread in threads:
+            thread.join(5.0)
         raise ForkserverStuck(stuck, time.monotonic() - began)
     if interrupted is not None:
         raise interrupted
