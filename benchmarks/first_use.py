@@ -2,10 +2,10 @@
 this process imports the preload list, then forks one child per snippet (as the forkserver
 forks a rank) and reports the child's time and the modules the snippet added to sys.modules.
 
-    .venv/bin/python benchmarks/first_use.py                     # after nbddp/preload.py's list
+    .venv/bin/python benchmarks/first_use.py                     # after nbddp/forkserver/preload.py's list
     .venv/bin/python benchmarks/first_use.py --preload torch,torch.distributed,torch.nn
 
-Each row also says whether CUDA was initialised (it must stay False: nbddp/preload.py).
+Each row also says whether CUDA was initialised (it must stay False: nbddp/forkserver/preload.py).
 """
 import argparse
 import importlib
@@ -59,13 +59,13 @@ def child(name, w):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preload", help="comma-separated modules (default: nbddp/preload.py's list)")
+    p.add_argument("--preload", help="comma-separated modules (default: nbddp/forkserver/preload.py's list)")
     a = p.parse_args()
     if a.preload:
         names = a.preload.split(",")
     else:
-        from nbddp.preload import NAMES
-        names = [n for n in NAMES if n != "nbddp._forkserver"]  # no SIGUSR2 handler in a script
+        from nbddp.forkserver.preload import NAMES
+        names = [n for n in NAMES if n != "nbddp.forkserver.serve"]  # no SIGUSR2 handler in a script
     t0 = time.perf_counter()
     for name in names:
         importlib.import_module(name)

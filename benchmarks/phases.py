@@ -31,7 +31,13 @@ def _wrap(owner, name, label):
 
 
 def install() -> None:
-    from nbddp import api, forkranks, launcher, rankprocs, spares, supervisor, views
+    from nbddp import api
+    from nbddp.sources import forkranks
+    from nbddp.sources import local as launcher
+    from nbddp.sources import rankprocs
+    from nbddp.forkserver import spares
+    from nbddp.sources import supervisor
+    from nbddp.views import choose as views
 
     _wrap(api, "compile_cell", "compile")
     _wrap(views, "make_sinks", "sinks")

@@ -4,10 +4,10 @@
 """
 from __future__ import annotations
 
-from .api import run
-from .pool import Pool
-from .result import DDPError, DDPTimeout, RankResult, RunResult
-from .spec import LaunchSpec, make_spec, parse_line
+from nbddp.api import run
+from nbddp.sources.pool import Pool
+from nbddp.core.result import DDPError, DDPTimeout, RankResult, RunResult
+from nbddp.core.spec import LaunchSpec, make_spec, parse_line
 
 __all__ = ["run", "backend", "Pool", "DDPError", "DDPTimeout", "RankResult", "RunResult", "LaunchSpec", "make_spec",
            "parse_line", "load_ipython_extension", "unload_ipython_extension"]
@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 def backend() -> str:
     """The backend this rank was launched for (``--backend``; auto: nccl with CUDA, else gloo).
     Outside nbddp (say, the same code under torchrun) the same rule is applied here."""
-    from .worker import CURRENT
+    from nbddp.rank.worker import CURRENT
 
     if CURRENT.get("backend"):
         return CURRENT["backend"]
@@ -27,8 +27,8 @@ def backend() -> str:
 
 
 def load_ipython_extension(ipython) -> None:
-    from . import starter
-    from .magic import DDPMagics, install_interrupt_line
+    from nbddp.forkserver import starter
+    from nbddp.magic import DDPMagics, install_interrupt_line
 
     ipython.register_magics(DDPMagics)
     install_interrupt_line(ipython)
@@ -41,7 +41,7 @@ def load_ipython_extension(ipython) -> None:
 def _say_who_can_connect() -> None:
     """Once, at %load_ext, where this machine gives no private network (README "Logs and the
     store"): what other local users can reach."""
-    from . import privnet
+    from nbddp.forkserver import privnet
 
     why = privnet.unavailable()
     if why:
@@ -52,7 +52,7 @@ def _say_who_can_connect() -> None:
 
 
 def unload_ipython_extension(ipython) -> None:
-    from . import starter
+    from nbddp.forkserver import starter
 
     try:
         ipython.events.unregister("pre_run_cell", starter.wait_for_torch)

@@ -8,11 +8,11 @@ import ast
 from IPython.core.error import UsageError
 import os
 
-from . import placement
+from nbddp.core import placement
 
-from .launcher import Launch
-from .spec import LaunchSpec, make_spec
-from .textview import TextView
+from nbddp.sources.local import Launch
+from nbddp.core.spec import LaunchSpec, make_spec
+from nbddp.views.textview import TextView
 
 
 def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec | None = None,

@@ -13,14 +13,14 @@ from dataclasses import replace
 
 from IPython.core.error import UsageError
 
-from .spec import LaunchSpec, parse_line
+from nbddp.core.spec import LaunchSpec, parse_line
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
 
 
 def node_commands(spec: LaunchSpec, script: str) -> list[str]:
     """One torchrun command line per node (a single one for one node)."""
-    from .elastic import torchrun_options
+    from nbddp.sources.torchrun import torchrun_options
 
     if spec.nnodes > 1 and not spec.rdzv_endpoint and spec.master_port is None:
         spec = replace(spec, master_port=DEFAULT_MASTER_PORT)
@@ -104,7 +104,7 @@ def export_cell(path: str, cell: str, line: str = "", spec: LaunchSpec | None = 
             out.write(f"  node {node}: {command}\n")
         out.write(_addr_note(spec).replace("#   ", "  ") + "\n")
     if spec.slurm:
-        from .slurm_script import sbatch_text
+        from nbddp.sources.slurm_script import sbatch_text
 
         job = path[:-3] + ".sbatch"
         with open(job, "w") as f:

@@ -9,10 +9,13 @@ import shlex
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 
-from . import api, pulling, supervisor, views
-from .cellnames import cell_label
-from .result import Interrupted
-from .spec import LaunchSpec, parse_line
+from nbddp import api
+from nbddp.kernel import pulling
+from nbddp.sources import supervisor
+from nbddp.views.choose import make_sinks
+from nbddp.core.cellnames import cell_label
+from nbddp.core.result import Interrupted
+from nbddp.core.spec import LaunchSpec, parse_line
 
 # Options that shape a job: a cell on a running pool cannot change them.
 _SHAPE_FIELDS = ("nproc_per_node", "nnodes", "master_addr", "master_port", "backend", "env",
@@ -64,21 +67,21 @@ class DDPMagics(Magics):
             raise UsageError("%%ddp: --slurm writes a Slurm job next to the exported script: "
                              "use it with --export SCRIPT.py (or %ddp_export SCRIPT.py --slurm)")
         if spec.export:
-            from . import export
+            from nbddp import export
             export.export_cell(spec.export, cell, line, spec)
-        if spec.launcher == "torchrun":  # torch's elastic launcher runs the cell (nbddp/elastic.py)
-            from . import elastic
-            result = elastic.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell), cell_label=label)
-        elif spec.launcher == "slurm":  # srun runs torchrun on each node of an allocation (nbddp/slurm.py)
-            from . import slurm
-            result = slurm.run_cell(source, spec, sinks=views.make_sinks(spec, self.shell))
+        if spec.launcher == "torchrun":  # torch's elastic launcher runs the cell (nbddp/sources/torchrun.py)
+            from nbddp.sources import torchrun
+            result = torchrun.run_cell(source, spec, sinks=make_sinks(spec, self.shell), cell_label=label)
+        elif spec.launcher == "slurm":  # srun runs torchrun on each node of an allocation (nbddp/sources/slurm.py)
+            from nbddp.sources import slurm
+            result = slurm.run_cell(source, spec, sinks=make_sinks(spec, self.shell))
         elif pool is not None and not spec.fresh:
             self._check_fits_pool(spec, pool.spec)
             result = pool.run(source, ranks=spec.ranks_shown, timeout=spec.timeout, push=push,
                               pull=[name.split("@")[0] for name in spec.pull],
-                              sinks=views.make_sinks(spec, self.shell), check=False, cell_label=label)
+                              sinks=make_sinks(spec, self.shell), check=False, cell_label=label)
         else:
-            result = api.run(source, spec=spec, sinks=views.make_sinks(spec, self.shell),
+            result = api.run(source, spec=spec, sinks=make_sinks(spec, self.shell),
                              check=False, push=push, cell_label=label)
         self.shell.user_ns["_ddp"] = result
         self._check_pull_ranks(spec, result)
@@ -94,7 +97,7 @@ class DDPMagics(Magics):
         as ``%%ddp_export script.py -n 4``) as a torchrun script and print the torchrun commands.
         ``--slurm`` also writes ``script.sbatch``; given alone (with --partition/--account/--time/
         --sbatch), it adds to the last cell's options instead of replacing them."""
-        from . import export
+        from nbddp import export
 
         words = shlex.split(line)
         if not words:
@@ -115,7 +118,7 @@ class DDPMagics(Magics):
     @line_magic
     def ddp_pool(self, line: str):
         """``%ddp_pool start -n 4 [options]`` · ``status`` · ``restart`` · ``stop``."""
-        from .pool import Pool
+        from nbddp.sources.pool import Pool
 
         words = shlex.split(line)
         if not words:
@@ -184,7 +187,7 @@ class DDPMagics(Magics):
 
 def install_interrupt_line(shell) -> None:
     """From the moment the kernel takes a message, the stop button is counted, not raised
-    (nbddp.supervisor.defer_sigint_early); a ``%%ddp`` cell hands the count to its launch, which
+    (nbddp.sources.supervisor.defer_sigint_early); a ``%%ddp`` cell hands the count to its launch, which
     stops its ranks as for any interrupt, so the cell ends in one line however early the
     interrupt came (even before IPython has parsed the cell). Any other cell gets its interrupt
     back at once as Python's own KeyboardInterrupt."""

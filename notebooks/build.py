@@ -669,8 +669,8 @@ def _04():
         """),
         code("""
         from IPython.core.error import UsageError
-        from nbddp.spec import make_spec
-        from nbddp.placement import plan
+        from nbddp.core.spec import make_spec
+        from nbddp.core.placement import plan
         for line, gpus in (("-n 4", None), ("-n 2 --gpus 1,3", (1, 3))):
             p = plan(make_spec(n=4 if gpus is None else 2, gpus=gpus), device_count=4)
             seen = dict(p.env).get("CUDA_VISIBLE_DEVICES", "all 4")
@@ -1151,7 +1151,7 @@ def _07():
         code(LOAD),
         md("## 1 · The commands, one per node"),
         code("""
-        from nbddp.spec import make_spec
+        from nbddp.core.spec import make_spec
         from nbddp.export import node_commands
         spec = make_spec(nproc_per_node=nproc_per_node, nnodes=nnodes, master_addr=master_addr, master_port=master_port)
         commands = node_commands(spec, "train.py")

@@ -10,7 +10,7 @@ from kernel import Kernel  # noqa: E402
 
 def _loaded(k: Kernel) -> Kernel:
     """nbddp loaded, and its forkserver up: the first cell of a kernel waits for the forkserver
-    to import torch and nbddp/preload.py's list (seconds), which is no test's subject, so tests
+    to import torch and nbddp/forkserver/preload.py's list (seconds), which is no test's subject, so tests
     that bound a cell's time start after it."""
     k.ok("%load_ext nbddp")
     k.ok("%%ddp -n 1\npass", timeout=300)

@@ -113,7 +113,7 @@ class Kernel:
 
     def settle(self) -> None:
         """Wait until nbddp has finished forking spare processes for the next cell (between cells)."""
-        self.ok("import nbddp.spares as _spares; _spares.settle()")
+        self.ok("import nbddp.forkserver.spares as _spares; _spares.settle()")
 
     def descendants(self) -> list[psutil.Process]:
         """Processes under the kernel, without nbddp's idle spares (they have run nothing)."""

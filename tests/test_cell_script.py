@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from nbddp.cellnames import name_cell
+from nbddp.core.cellnames import name_cell
 
 
 def report(reply):

@@ -6,7 +6,7 @@ import importlib.util
 import os
 import time
 
-from nbddp import privnet
+from nbddp.forkserver import privnet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("class_load", os.path.join(ROOT, "benchmarks", "class_load.py"))

@@ -10,8 +10,8 @@ import time
 import pytest
 
 import nbddp
-from nbddp import diagnosis
-from nbddp.result import OK, RankResult, RunResult
+from nbddp.core import diagnosis
+from nbddp.core.result import OK, RankResult, RunResult
 
 # ----------------------------------------------------------------------------- hints
 # Each text below was printed by torch 2.13.0 (CPU build) in this project's environment; the
@@ -58,7 +58,7 @@ REAL_TEXTS = {
     "peer_reset": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read "
                   "error [127.0.0.1]:29837: Connection reset by peer. This is typically caused by "
                   "a remote worker hanging or bugs in the application.",
-    # nbddp/user_rendezvous.py, as tests/test_user_rendezvous.py produces them
+    # nbddp/rank/user_rendezvous.py, as tests/test_user_rendezvous.py produces them
     "own_port": 'port 41235 (set at cell line 4: os.environ["MASTER_PORT"] = "41235") is held by '
                 "another process on this machine",
     "own_addr": "MASTER_ADDR '10.255.255.1' (set at cell line 3: os.environ[\"MASTER_ADDR\"] = "

@@ -31,7 +31,7 @@ def torchruns(kernel):
             cmd = " ".join(proc.cmdline())
         except Exception:
             continue
-        if "torch.distributed.run" in cmd or "nbddp.elastic_rank" in cmd:
+        if "torch.distributed.run" in cmd or "nbddp.rank.torchrun_rank" in cmd:
             found.append(proc.pid)
     return found
 

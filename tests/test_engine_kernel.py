@@ -34,7 +34,7 @@ print("file", __file__ == sys.argv[0])
 """)
     kernel_cwd = kernel.ok("import os; print(os.getcwd())").stdout.strip()
     kernel_pid = kernel.ok("import os; print(os.getpid())").stdout.strip()
-    for r in range(2):  # the script is a hidden file beside the notebook (nbddp/cellscript.py)
+    for r in range(2):  # the script is a hidden file beside the notebook (nbddp/kernel/cellscript.py)
         assert f"[rank{r}]:__main__ 0.5 data.txt .nbddp-{kernel_pid}.py {kernel_cwd}\n" in reply.stdout, reply.text
         assert f"[rank{r}]:file True\n" in reply.stdout
 
@@ -87,7 +87,7 @@ import time; time.sleep(30)
     assert "Traceback" not in text and "rank 1's traceback is in its output above" in text
     assert "ranks 0,2: terminated (stopped by nbddp after rank 1 failed)" in text   # said once for both
     assert "[rank1]:ValueError: bad batch on rank one" in reply.stderr
-    assert "nbddp/launcher.py" not in text and "magic.py" not in text  # no traceback from inside
+    assert "nbddp/sources/local.py" not in text and "magic.py" not in text  # no traceback from inside
 
 
 @pytest.mark.parametrize("body, cause", [

@@ -5,8 +5,8 @@ read empty by the second reader)."""
 import threading
 import time
 
-import nbddp.rankprocs  # noqa: F401 - what the launcher imports
-from nbddp import starter
+import nbddp.sources.rankprocs  # noqa: F401 - what the launcher imports
+from nbddp.forkserver import starter
 
 
 def _exit_7():

@@ -103,7 +103,7 @@ time.sleep(60)
     assert "rank 0: killed (crashed with SIGSEGV (segmentation fault) at cell line 4: ctypes.string_at(0)" in text, text
     assert "rank 1: terminated" in text
     # faulthandler's crash stack (written from C, so by path: the cell's script beside the
-    # notebook, nbddp/cellscript.py) names the cell line that crashed
+    # notebook, nbddp/kernel/cellscript.py) names the cell line that crashed
     assert "[rank0]:Fatal Python error: Segmentation fault" in reply.stderr, reply.stderr
     assert re.search(r'\[rank0\]:\s+File ".*/\.nbddp-\d+(-\d+)?\.py", line 4 in <module>', reply.stderr), reply.stderr
     assert_recovered(kernel, rank_pids(kernel))

@@ -66,7 +66,7 @@ def interrupt_when(k: Kernel, code: str, *conditions):
 
 
 def info(k: Kernel):
-    return json.loads(k.ok("import json, nbddp.supervisor as _s; print(json.dumps("
+    return json.loads(k.ok("import json, nbddp.sources.supervisor as _s; print(json.dumps("
                            "[[r.pid for r in _ddp.ranks], [type(x).__name__ for x in _s.live()]]))").stdout)
 
 

@@ -111,9 +111,9 @@ def test_the_process_reading_the_kernels_stderr_is_not_the_kernels_to_end(tmp_pa
 
 
 def test_the_watcher_ends_writers_first_and_reads_its_orders():
-    """Pure parts of nbddp/janitor.py: a process holding a write end of a kernel's pipe is a
+    """Pure parts of nbddp/kernel/janitor.py: a process holding a write end of a kernel's pipe is a
     writer (ended at once) even if it also holds a read end; others' pipes are not looked at."""
-    from nbddp.janitor import holders, parse
+    from nbddp.kernel.janitor import holders, parse
 
     ends = [(10, 7, False), (11, 7, True), (12, 8, True), (12, 7, False), (13, 9, True), (14, 8, False)]
     assert holders(ends, {7, 8}) == ({11, 12}, {10, 14})

@@ -21,8 +21,8 @@ def test_default_logs_are_bounded_private_and_go_with_the_kernel(tmp_path):
     k = Kernel(cwd=str(tmp_path))
     try:
         k.ok("%load_ext nbddp")
-        assert _value(k, "__import__('nbddp.logdirs').logdirs.KEEP") == 50
-        k.ok("import nbddp.logdirs; nbddp.logdirs.KEEP = 3; payload = 1")  # the same rule, fewer cells
+        assert _value(k, "__import__('nbddp.kernel.logdirs').logdirs.KEEP") == 50
+        k.ok("import nbddp.kernel.logdirs; nbddp.kernel.logdirs.KEEP = 3; payload = 1")  # the same rule, fewer cells
         k.ok(f"%%ddp -n 2 --log-dir {mine} --push payload\npass")
         for _ in range(5):
             k.ok("%%ddp -n 2\nprint('hello')")
@@ -45,7 +45,7 @@ def test_default_logs_are_bounded_private_and_go_with_the_kernel(tmp_path):
         assert set(os.listdir(root)) == {"launch-6", "launch-8", "launch-9", "launch-10"}, os.listdir(root)
         assert sorted(d for d in os.listdir(pool_dir) if d.startswith("cell-")) == ["cell-3", "cell-4", "cell-5"]
         k.ok("%ddp_pool stop")
-        push_dir = _value(k, "nbddp.pushing._folder")
+        push_dir = _value(k, "nbddp.kernel.pushing._folder")
         assert os.path.isdir(push_dir)
     finally:
         k.shutdown()  # SIGKILL: no atexit in the kernel

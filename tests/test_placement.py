@@ -2,9 +2,9 @@
 import pytest
 from IPython.core.error import UsageError
 
-from nbddp import placement
-from nbddp.envvars import rank_env
-from nbddp.spec import parse_line
+from nbddp.core import placement
+from nbddp.core.envvars import rank_env
+from nbddp.core.spec import parse_line
 
 
 def spec(line):

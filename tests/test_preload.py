@@ -1,4 +1,4 @@
-"""The forkserver's preload (nbddp/preload.py), seen from inside real ranks: a fresh DDP cell
+"""The forkserver's preload (nbddp/forkserver/preload.py), seen from inside real ranks: a fresh DDP cell
 finds DDP's modules already imported, the forkserver never touched CUDA, and the notebook's
 own modules are preloaded, except unsafe ones, edited ones, or with NBDDP_PRELOAD=0."""
 import json
@@ -48,7 +48,7 @@ def _write(path, text):
 
 def _offered(kernel):
     kernel.settle()
-    return json.loads(kernel.ok("import json, nbddp.preload as p; print(json.dumps(p._offered))").stdout)
+    return json.loads(kernel.ok("import json, nbddp.forkserver.preload as p; print(json.dumps(p._offered))").stdout)
 
 
 @pytest.fixture

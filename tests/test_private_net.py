@@ -1,4 +1,4 @@
-"""Many users on one server (nbddp/privnet.py, nbddp/storehost.py): another local user (``nobody``,
+"""Many users on one server (nbddp/forkserver/privnet.py, nbddp/forkserver/storehost.py): another local user (``nobody``,
 via runuser, as root) tries what a classmate could. By default it can connect to a launch's
 store (the exposure README "Logs and the store" states); with ``NBDDP_PRIVATE_NET=1`` neither it
 nor anyone outside the kernel's private network reaches the store or the ranks' gloo listeners,

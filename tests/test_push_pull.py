@@ -64,7 +64,7 @@ def test_push_is_serialized_once_and_shared(kernel):
     # once for 4 ranks (it was once per rank, over a pipe each: 1.39 GB peak for this push)
     assert kernel.ok("print(pickled)").stdout.strip() == "1"
     assert rss.growth < 1.2 * SIZE, f"kernel grew {rss.growth / 1e6:.0f} MB for a 200 MB push"
-    left = kernel.ok("import os, nbddp.pushing as p; print(os.listdir(p._folder))").stdout
+    left = kernel.ok("import os, nbddp.kernel.pushing as p; print(os.listdir(p._folder))").stdout
     assert left.strip() == "[]", left  # the shared file is gone once the cell ended
     kernel.ok("del big")
 

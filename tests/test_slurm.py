@@ -12,8 +12,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from kernel import Kernel, alive
-from nbddp.slurm_script import sbatch_options, sbatch_text
-from nbddp.spec import parse_line
+from nbddp.sources.slurm_script import sbatch_options, sbatch_text
+from nbddp.core.spec import parse_line
 
 def slurm_answers() -> bool:
     """sinfo exists and its controller answers (installed but stopped, e.g. after

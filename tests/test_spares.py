@@ -1,4 +1,4 @@
-"""Spares (nbddp/spares.py): processes forked after a cell for the next one. A cell served by
+"""Spares (nbddp/forkserver/spares.py): processes forked after a cell for the next one. A cell served by
 spares must be indistinguishable from one whose ranks were forked for it, and no spare may
 outlive the kernel."""
 import json
@@ -16,7 +16,7 @@ print(json.dumps({"env": dict(os.environ), "argv": sys.argv[1:], "name": __name_
 
 def spare_pids(kernel):
     kernel.settle()
-    return json.loads(kernel.ok("import json, nbddp.spares as s; print(json.dumps(s.pids()))").stdout)
+    return json.loads(kernel.ok("import json, nbddp.forkserver.spares as s; print(json.dumps(s.pids()))").stdout)
 
 
 def rank_pids(kernel):
@@ -74,7 +74,7 @@ def test_a_spare_killed_from_outside_is_replaced(kernel):
 def test_nbddp_spares_0_keeps_none(kernel):
     kernel.ok("%env NBDDP_SPARES=0")
     try:
-        kernel.ok("import nbddp.spares as s; s.clear()")
+        kernel.ok("import nbddp.forkserver.spares as s; s.clear()")
         kernel.ok("%%ddp -n 2\npass")
         assert spare_pids(kernel) == []
     finally:

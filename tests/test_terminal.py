@@ -4,8 +4,8 @@ render from it. The kernel tests at the end drive real ranks."""
 import os
 import time
 
-from nbddp import terminal
-from nbddp.terminal import Terminal
+from nbddp.views import terminal
+from nbddp.views.terminal import Terminal
 
 
 def test_utf8_stays_whole_across_chunks_and_long_lines_are_bounded():

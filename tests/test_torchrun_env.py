@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from nbddp.envvars import PER_LAUNCH_KEYS
+from nbddp.core.envvars import PER_LAUNCH_KEYS
 
 DUMP = """
 import json, os, sys

@@ -3,7 +3,7 @@
 The cell is PyTorch's DDP tutorial series in small: a Trainer wrapping DDP(model), a DataLoader
 with DistributedSampler and set_epoch, rank 0 saving a snapshot with torch.save each epoch, and
 destroy_process_group() at the end of main(), the Trainer (and its DDP) freed at main()'s
-return. Without nbddp/teardown.py about 1 launch in 4 hung at that return (gloo's ~ProcessGroupGloo joining a worker thread that waited for the GIL);
+return. Without nbddp/rank/teardown.py about 1 launch in 4 hung at that return (gloo's ~ProcessGroupGloo joining a worker thread that waited for the GIL);
 each cell here has a --timeout, so a hang fails the test in seconds instead of hanging CI.
 """
 from __future__ import annotations

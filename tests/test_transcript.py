@@ -2,9 +2,9 @@
 import html
 import re
 
-from nbddp import transcript
-from nbddp.result import FAILED, OK, RankResult, RunResult
-from nbddp.spec import make_spec
+from nbddp.views import transcript
+from nbddp.core.result import FAILED, OK, RankResult, RunResult
+from nbddp.core.spec import make_spec
 
 
 def _result(n, states=None, log_dir="/tmp/logs"):
@@ -96,7 +96,7 @@ def test_displays_rendered_in_html():
 
 
 def test_sixteen_ranks_one_failure_said_once():
-    from nbddp.result import TERMINATED, DDPError
+    from nbddp.core.result import TERMINATED, DDPError
     spec = make_spec(n=16)
     result = _result(16, {r: TERMINATED for r in range(16) if r != 11} | {11: FAILED})
     for r in result.ranks:

@@ -1,4 +1,4 @@
-"""The rendezvous patterns of PyTorch's own tutorials, in real %%ddp cells (nbddp/user_rendezvous.py):
+"""The rendezvous patterns of PyTorch's own tutorials, in real %%ddp cells (nbddp/rank/user_rendezvous.py):
 a cell's own MASTER_ADDR/MASTER_PORT with rank=/world_size=, init_method="tcp://…" and
 "file://…", and mp.spawn inside a rank all run; a rendezvous that cannot work here fails at
 once, naming the cell line that set it. Each pattern was written for this project."""
@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from kernel import wait_gone, worker_pids
-from nbddp import user_rendezvous
+from nbddp.rank import user_rendezvous
 
 
 def free_port():

@@ -73,7 +73,7 @@ def venv(dist, tmp_path_factory):
          f"torch=={torch.__version__}", str(dist[1])], env=clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"))
     # the first import writes the bytecode a user's first import would (the forkserver runs with
     # -B, and CI may set PYTHONDONTWRITEBYTECODE: without this every process compiles torch again)
-    warm = "import torch.distributed, torch.nn, torch.distributed.run, nbddp.magic, nbddp.worker, ipykernel.kernelapp, papermill"
+    warm = "import torch.distributed, torch.nn, torch.distributed.run, nbddp.magic, nbddp.rank.worker, ipykernel.kernelapp, papermill"
     env = clean_env()
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     run([python, "-c", warm], env=env)
@@ -89,7 +89,7 @@ def test_sdist_and_wheel_pass_twine_check_and_carry_what_a_user_needs(dist):
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     for needed in ("README.md", "LICENSE", "CHANGELOG.md", "pyproject.toml", "nbddp/__init__.py",
-                   "nbddp/elastic_rank.py", "notebooks/00_quickstart.ipynb"):
+                   "nbddp/rank/torchrun_rank.py", "notebooks/00_quickstart.ipynb"):
         assert needed in names, (needed, sorted(names))
     assert not any(n.startswith("tests/") for n in names), "the tests need the checkout, not the sdist"
     with zipfile.ZipFile(wheel) as whl:
@@ -150,7 +150,7 @@ def test_installed_wheel_runs_ddp_cells_spares_and_torchrun(venv, tmp_path):
         for launch in ("forkserver", "spares", "torchrun"):
             if launch == "spares":
                 k.settle()
-                waiting = json.loads(k.ok("import json, nbddp.spares as s; print(json.dumps(s.pids()))").stdout)
+                waiting = json.loads(k.ok("import json, nbddp.forkserver.spares as s; print(json.dumps(s.pids()))").stdout)
                 assert len(waiting) == 2, f"no spares were forked for the next cell: {waiting}"
             line = "%%ddp -n 2 --output text" + (" --launcher torchrun" if launch == "torchrun" else "")
             reply = k.ok(line + "\n" + RANK, timeout=180)

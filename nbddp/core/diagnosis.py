@@ -1,0 +1,363 @@
+"""Turning what ranks left behind (exit codes, signals, tracebacks, faulthandler stacks, stderr)
+into one-line explanations. Pure text logic, so each rule is unit-tested on its own."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+from nbddp.core.result import FAILED, KILLED, OK
+
+NOT_TARGETED = "not targeted by this cell"
+
+_SIGNAL_WORDS = {
+    signal.SIGSEGV: "crashed with SIGSEGV (segmentation fault)",
+    signal.SIGABRT: "aborted (SIGABRT)",
+    signal.SIGKILL: "killed by SIGKILL (from outside nbddp, or out of memory)",
+    signal.SIGTERM: "terminated by SIGTERM from outside nbddp",
+    signal.SIGBUS: "crashed with SIGBUS (bus error)",
+    signal.SIGFPE: "crashed with SIGFPE (arithmetic error)",
+    signal.SIGINT: "interrupted by SIGINT",
+}
+
+
+def describe_signal(number: int) -> str:
+    try:
+        sig = signal.Signals(number)
+    except ValueError:
+        return f"killed by signal {number}"
+    return _SIGNAL_WORDS.get(sig, f"killed by {sig.name}")
+
+
+CAUSE_LIMIT = 240
+
+
+def describe_failure(exception: dict | None, code: int | None) -> str:
+    if exception:
+        where = f" at cell line {exception['cell_line']}" if exception.get("cell_line") else ""
+        message = exception.get("message") or ""
+        first = message.strip().splitlines()[0] if message.strip() else ""
+        if len(first) > CAUSE_LIMIT:  # the whole message is in the traceback shown below
+            first = first[:CAUSE_LIMIT - 1].rstrip() + "…"
+        return f"{exception['type']}{': ' + first if first else ''}{where}"
+    if code is None:
+        return "ended without an exit code: the forkserver that reports it had ended, and the rank said none"
+    return f"exited with code {code}"
+
+
+# ------------------------------------------------------------------ stacks
+_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>.+)$')
+
+
+def stack_complete(text: str) -> bool:
+    return "most recent call first" in text and text.endswith("\n")
+
+
+def parse_stacks(text: str) -> list[list[tuple[str, int, str]]]:
+    """faulthandler's dump as a list of threads, each a list of (file, line, function),
+    most recent call first."""
+    threads: list[list[tuple[str, int, str]]] = []
+    for raw in text.splitlines():
+        if "most recent call first" in raw:
+            threads.append([])
+            continue
+        match = _FRAME.match(raw)
+        if match and threads:
+            threads[-1].append((match["file"], int(match["line"]), match["func"].strip()))
+    return threads
+
+
+def blocked_at(stack_text: str, cell_path: str, source: str | None) -> str | None:
+    """Where the rank's main code is: 'cell line 4: dist.all_reduce(t) (in all_reduce)'."""
+    # The main thread first: faulthandler lists the newest thread first, and a thread the cell
+    # started (its outermost frame threading's _bootstrap) is not where the rank is blocked.
+    threads = sorted(parse_stacks(stack_text), key=_started_thread)
+    for frames in threads:
+        for index, (file, line, func) in enumerate(frames):
+            if file != cell_path:
+                continue
+            code = _source_line(source, line)
+            inner = _innermost_library_call(frames[:index])
+            text = f"cell line {line}"
+            if code:
+                text += f": {code}"
+            if inner:
+                text += f" (in {inner})"
+            return text
+    for frames in threads:  # no cell frame (a callable): the innermost frame of the main thread
+        if frames:
+            file, line, func = frames[0]
+            return f"{func} ({os.path.basename(file)}:{line})"
+    return None
+
+
+def _started_thread(frames) -> bool:
+    return bool(frames) and frames[-1][2] == "_bootstrap" and frames[-1][0].endswith("threading.py")
+
+
+def _innermost_library_call(frames) -> str | None:
+    """The call the cell line is waiting in, named as the user wrote it (all_reduce, barrier…)."""
+    for file, line, func in reversed(frames):  # from the cell outward-in
+        if func not in ("wrapper", "inner", "_fn", "decorate_context", "<lambda>"):
+            return func
+    return None
+
+
+def _source_line(source: str | None, line: int) -> str:
+    if not source:
+        return ""
+    lines = source.splitlines()
+    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+
+def timeout_report(timeout_s: float, result) -> str:
+    text = f"timed out after {timeout_s:g} s. " + where_ranks_are(result)
+    hint = split_ranks_hint(result)
+    return f"{text} Hint: {hint}" if hint else text
+
+
+def split_ranks_hint(result) -> str | None:
+    """When the ranks stopped in different places (some in a collective the others never
+    reach), name the classic cause."""
+    blocked = [r for r in result.ranks if r.blocked_at]
+    lines = {r.blocked_at.split(":", 1)[0] for r in blocked}
+    in_collective = any(_COLLECTIVE.search(r.blocked_at) for r in blocked)
+    others = len(lines) > 1 or any(r.state == OK for r in result.ranks)
+    if blocked and in_collective and others:
+        return ("the ranks are not all in the same collective (a collective inside "
+                "`if rank == ...:`, or a rank that took another branch); every rank must make the "
+                "same collective calls in the same order.")
+    return None
+
+
+_COLLECTIVE = re.compile(r"\(in (all_reduce|all_gather\w*|reduce\w*|broadcast\w*|barrier|"
+                         r"gather\w*|scatter\w*|all_to_all\w*|send|recv|wait|"
+                         r"monitored_barrier|init_process_group|rendezvous)\)")
+
+
+IDLE_WARNING = "warning: no output from any rank"   # how the views recognise the idle warning
+
+
+def idle_report(idle_s: float, result, live, timeout: float | None = None) -> str:
+    """The idle warning; with ``--timeout`` given it says when the cell will be stopped
+    instead of suggesting the option."""
+    if timeout is None:
+        ending = "(use --timeout SECONDS to stop such a cell automatically)"
+    else:
+        left = max(0.0, timeout - (time.time() - result.started_at))
+        ending = f"(--timeout {timeout:g} stops the cell in {left:.0f} s)"
+    return (f"{IDLE_WARNING} for {idle_s:.0f} s and ranks still running; "
+            f"a hung collective? {where_ranks_are(result, live)} "
+            + (f"Hint: {split_ranks_hint(result)} " if split_ranks_hint(result) else "")
+            + ending)
+
+
+def where_ranks_are(result, only=None) -> str:
+    """'rank 0 blocked at cell line 4: …; ranks 1–3 finished ok' for a timeout or idle report."""
+    parts = []
+    considered = only if only is not None else result.ranks
+    for r in considered:
+        if r.blocked_at:
+            parts.append(f"rank {r.rank} blocked at {r.blocked_at}")
+        elif r.state not in (OK,) and r.ended_at is None:
+            parts.append(f"rank {r.rank} still running (no stack)")
+    finished = [r.rank for r in result.ranks if r.state == OK and r.cause != NOT_TARGETED]
+    if finished:
+        parts.append(_plural("rank", finished) + " finished ok")
+    idle = [r.rank for r in result.ranks if r.cause == NOT_TARGETED]
+    if idle:
+        parts.append(_plural("rank", idle) + " not running this cell")
+    return "; ".join(parts) + "." if parts else ""
+
+
+def _plural(word: str, ranks: list[int]) -> str:
+    from nbddp.core.result import _ranges
+    return f"{word}{'s' if len(ranks) > 1 else ''} {_ranges([str(r) for r in ranks])}"
+
+
+# ------------------------------------------------------------------- hints
+HINTS: list[tuple[re.Pattern, str]] = [
+    (re.compile(r"environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected", re.I),
+     "env:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE from the environment; a launcher "
+     "(torchrun, or %%ddp) sets them. Run this under %%ddp, or set them yourself."),
+    # a cell's own rendezvous (nbddp/rank/user_rendezvous.py names the cell line in the message)
+    (re.compile(r"\) is held by another process on this machine"),
+     "rank 0 hosts the rendezvous store on the port the cell chose, so it must be free: pick "
+     "another, or drop the MASTER_ADDR/MASTER_PORT lines (%%ddp sets a free one)."),
+    (re.compile(r"\) (is not an address of this machine|does not resolve)"),
+     "every rank of %%ddp runs on this machine: use localhost, or drop the MASTER_ADDR/"
+     "MASTER_PORT lines (%%ddp sets them)."),
+    (re.compile(r"world_size=\d+ \(.*\) but this %%ddp launch has \d+ ranks"),
+     "the group would wait for ranks that never come: pass the launch's size (or change -n), "
+     "or leave rank= and world_size= out (%%ddp sets RANK and WORLD_SIZE)."),
+    (re.compile(r"EADDRINUSE|address already in use", re.I),
+     "the rendezvous port is held by another process: omit --master-port to get a free one, "
+     "or end the job that holds it."),
+    (re.compile(r"Default process group has not been initialized", re.I),
+     "call dist.init_process_group(...) before any collective or get_rank()/get_world_size()."),
+    (re.compile(r"Detected mismatch between collectives", re.I),
+     "the ranks called different collectives (or with different shapes): the message names each "
+     "rank's call; every rank must make the same collective calls in the same order."),
+    (re.compile(r"mismatch between collectives|preamble\.length|"
+                r"op\.preamble|Mismatch in (sizes|tensor)", re.I),
+     "the ranks called different collectives (or with different shapes); rerun with "
+     "--env TORCH_DISTRIBUTED_DEBUG=DETAIL to see which."),
+    (re.compile(r"CUDA out of memory|OutOfMemoryError", re.I),
+     "the GPU ran out of memory: lower the per-rank batch size, and make sure each rank uses its "
+     "own device (torch.cuda.set_device(LOCAL_RANK))."),
+    (re.compile(r"invalid device ordinal|Duplicate GPU detected|device not set", re.I),
+     "each rank must use its own GPU: torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) "
+     "before creating tensors or the process group."),
+    # GPU code on a machine or a torch build without CUDA (the unchanged tutorials, on a laptop)
+    (re.compile(r"has no attribute '_cuda_setDevice'"),
+     "this torch is a CPU build, so torch.cuda.set_device(...) cannot run: on CPU drop the line "
+     "(or put it under `if torch.cuda.is_available():`); gloo needs no device."),
+    (re.compile(r"device_id \S+ does not match the current compilation's accelerator support|"
+                r"device_id is an int, but no accelerator support|"
+                r"device_id parameter must be an accelerator", re.I),
+     "init_process_group(device_id=...) binds the group to a GPU, and this torch is a CPU build "
+     "(or this machine has no GPU): drop device_id=... (gloo on CPU needs none)."),
+    (re.compile(r"device_ids and output_device arguments only work with .*module parameters "
+                r"\{device\(type='cpu'\)\}", re.I),
+     "device_ids=[local_rank] is for a model on that GPU, and this one is on the CPU: on CPU "
+     "give none, DDP(model)."),
+    (re.compile(r"doesn't have NCCL built in|NCCL support is not compiled|"
+                r"ProcessGroupNCCL is only supported with GPUs", re.I),
+     "nccl needs CUDA GPUs, and this torch is a CPU build (or this machine has no GPU): use gloo, "
+     "e.g. dist.init_process_group(nbddp.backend()), which picks nccl only where GPUs exist "
+     "(%%ddp --backend auto)."),
+    (re.compile(r"Torch not compiled with CUDA enabled|Cannot access accelerator device when "
+                r"none is available|has no attribute '_cuda_", re.I),
+     "this torch is a CPU build, so .cuda() / .to(local_rank) / device='cuda' cannot run: use "
+     "`device = torch.device('cuda', local_rank) if torch.cuda.is_available() else "
+     "torch.device('cpu')` and .to(device), or on CPU drop the .to(...)/.cuda()."),
+    (re.compile(r"No CUDA GPUs are available|Found no NVIDIA driver|no CUDA-capable device", re.I),
+     "this machine has no GPU, so .cuda() / .to(local_rank) / device='cuda' cannot run: use "
+     "`device = torch.device('cuda', local_rank) if torch.cuda.is_available() else "
+     "torch.device('cpu')` and .to(device), with the gloo backend."),
+    (re.compile(r"Connection closed by peer|Connection reset by peer|"
+                r"connection reset|Broken pipe", re.I),
+     "another rank ended (crashed, exited or simply finished) while this one waited in a "
+     "collective with it: every rank must make the same collective calls, in the same order and "
+     "with the same shapes (--env TORCH_DISTRIBUTED_DEBUG=DETAIL checks that); if a rank failed, "
+     "its error comes first."),
+    (re.compile(r"ranks have no stdin|EOF when reading a line"),
+     "a rank has no stdin (the notebook cannot answer input() in four processes): define the "
+     "value in the notebook and pass it with --push NAME, or read it from a file."),
+    (re.compile(r"timed out.*(collective|wait|store)|Socket Timeout|Timed out waiting", re.I),
+     "a rank never reached the matching collective (or rendezvous); check for collectives inside "
+     "`if rank == 0:` and for ranks that exited early."),
+]
+
+
+def hint_for(text: str) -> str | None:
+    """The first matching hint for an error message or the tail of a rank's stderr."""
+    for pattern, hint in HINTS:
+        if pattern.search(text or ""):
+            return hint
+    return None
+
+
+def add_hints(result) -> None:
+    """Give each rank that did not finish ok the matching one-line hint from HINTS, a rank
+    that crashed (SIGSEGV…) the cell line faulthandler's crash report names, and a rank that
+    exited non-zero without a traceback the last line it wrote to stderr as its cause."""
+    for rank in result.ranks:
+        if rank.ok or rank.hint:
+            continue
+        stderr = rank.stderr
+        if rank.state == KILLED and " at cell line " not in rank.cause:
+            where = crash_line(stderr, result.script or result.cell_file, result.cell_file)
+            if where:
+                rank.cause += f" at {where}"
+        if rank.state == FAILED and rank.exception is None and rank.cause.startswith("exited with code"):
+            said = last_error_line(stderr)
+            if said and said not in rank.cause:
+                rank.cause += f": {said}"
+        text = (rank.exception or {}).get("message", "") + "\n" + stderr[-65536:]
+        rank.hint = hint_for(text)
+
+
+_NOT_THE_CAUSE = re.compile(r"^\S+:\d+: \w*Warning: |"          # a warning the rank printed earlier
+                            r"HYDRA_FULL_ERROR|^Try '.*--help' for help")  # advice after the error
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def last_error_line(stderr: str) -> str | None:
+    """What a rank that exited by itself said last (hydra, argparse, click, a log line before
+    ``sys.exit(1)``): the exception line of the last traceback in ``stderr``, else its last
+    unindented line that does not introduce more (``Config search path:``) and is not a
+    warning or advice (hydra's ``Set the environment variable HYDRA_FULL_ERROR=1 …``);
+    shortened to ``CAUSE_LIMIT``."""
+    lines = [_ESCAPES.sub("", line.rsplit("\r", 1)[-1]).rstrip() for line in stderr[-65536:].splitlines()]
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
+                default=None)
+    if start is not None:
+        said = next((line for line in lines[start + 1:] if line and not line[0].isspace()), None)
+    else:
+        said = next((line for line in reversed(lines) if line and not line[0].isspace()
+                     and not line.endswith(":") and not _NOT_THE_CAUSE.search(line)), None)
+    if not said:
+        return None
+    return said if len(said) <= CAUSE_LIMIT else said[:CAUSE_LIMIT - 1].rstrip() + "…"
+
+
+def crash_line(stderr: str, script: str, source_file: str | None = None) -> str | None:
+    """'cell line 4: ctypes.string_at(0)' from the last 'Fatal Python error' report in stderr
+    (frames of ``script``; its source read from ``source_file``, the copy that outlives it)."""
+    start = stderr.rfind("Fatal Python error")
+    if start < 0:
+        return None
+    try:
+        with open(source_file or script, encoding="utf-8") as f:
+            source = f.read()
+    except OSError:
+        source = None
+    where = blocked_at(stderr[start:], script, source)
+    return where if where and where.startswith("cell line") else None
+
+
+# ------------------------------------------------------ targeted pool cells
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_to_all",
+    "all_to_all_single", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list", "barrier",
+    "monitored_barrier", "init_process_group", "new_group", "destroy_process_group",
+    "DistributedDataParallel",
+})
+
+
+def collective_calls(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each call in ``source`` that every rank of the group must join."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in COLLECTIVES:
+                found.append((node.lineno, name))
+    return sorted(found)
+
+
+def collective_warning(source: str, targets, world_size: int) -> str | None:
+    """A warning when a cell aimed at some ranks calls a collective the others will never join."""
+    if len(set(targets)) >= world_size:
+        return None
+    calls = collective_calls(source)
+    if not calls:
+        return None
+    others = sorted(set(range(world_size)) - set(targets))
+    line, name = calls[0]
+    from nbddp.core.result import _ranges
+    return (f"warning: this cell runs on rank{'s' if len(targets) > 1 else ''} "
+            f"{_ranges([str(t) for t in targets])} only, but calls {name}() (cell line {line}), "
+            f"a collective that rank{'s' if len(others) > 1 else ''} "
+            f"{_ranges([str(o) for o in others])} will never join: it will hang "
+            f"(give --timeout to have it stopped and diagnosed)")

@@ -1,0 +1,220 @@
+"""What a launch produced: per-rank status, output and cause of failure, and the errors the
+cell raises. Plain data, so the magic, the Python API and the views all read the same thing."""
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+# Rank states, in the order a rank goes through them.
+STARTING, RUNNING, OK, FAILED, TIMED_OUT, KILLED, TERMINATED, INTERRUPTED = (
+    "starting", "running", "ok", "failed", "timed out", "killed", "terminated", "interrupted")
+FINAL_STATES = (OK, FAILED, TIMED_OUT, KILLED, TERMINATED, INTERRUPTED)
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass
+class RankResult:
+    """One rank: how it ended and why."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+    pid: int | None = None
+    state: str = STARTING
+    exitcode: int | None = None
+    cause: str = ""
+    exception: dict | None = None
+    value: Any = None
+    pulled: dict = field(default_factory=dict)
+    pull_errors: dict = field(default_factory=dict)  # name -> why the rank could not send it
+    started_at: float | None = None
+    ended_at: float | None = None
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    stack: str | None = None
+    blocked_at: str | None = None
+    hint: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == OK
+
+    @property
+    def elapsed(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.ended_at or self.started_at) - self.started_at
+
+    def _read(self, path):
+        if not path or not os.path.exists(path):
+            return ""
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
+
+    @property
+    def stdout(self) -> str:
+        """Everything the rank wrote on fd 1 (read from its full log on disk)."""
+        return self._read(self.stdout_path)
+
+    @property
+    def stderr(self) -> str:
+        return self._read(self.stderr_path)
+
+    def describe(self) -> str:
+        """One line: the rank's final state and its cause."""
+        text = f"rank {self.rank}: {self.state}"
+        return f"{text} ({self.cause})" if self.cause else text
+
+
+@dataclass
+class RunResult:
+    """The whole launch; stored as ``_ddp`` in the notebook after every ``%%ddp`` cell."""
+
+    ranks: list[RankResult]
+    world_size: int
+    log_dir: str
+    master_port: int | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    interrupted: bool = False
+    timed_out: bool = False
+    notes: list[str] = field(default_factory=list)
+    displayed: list[int] = field(default_factory=list)  # ranks whose output a view showed
+    script: str | None = None  # the ranks' __file__ and sys.argv[0] (beside the notebook while it ran)
+
+    @property
+    def cell_file(self) -> str:
+        """The cell as the ranks ran it, kept in the log folder (``script`` is removed after the
+        launch; tracebacks name it ``Cell In[N]``)."""
+        return os.path.join(self.log_dir, "cell.py")
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.ranks) and not self.interrupted and not self.timed_out
+
+    def rank(self, number: int) -> "RankResult | None":
+        """The result of global rank ``number``, or None where it ran on another node
+        (under ``--launcher torchrun`` a node holds only its own ranks)."""
+        return next((r for r in self.ranks if r.rank == number), None)
+
+    @property
+    def remote(self) -> list[int]:
+        """Global ranks that ran on other nodes (empty for a one-machine launch)."""
+        here = {r.rank for r in self.ranks}
+        return [n for n in range(self.world_size) if n not in here]
+
+    @property
+    def elapsed(self) -> float:
+        return self.ended_at - self.started_at
+
+    @property
+    def failed(self) -> list[RankResult]:
+        """Ranks that caused the failure (not those nbddp stopped because of it)."""
+        return [r for r in self.ranks if r.state in (FAILED, KILLED, TIMED_OUT)]
+
+    @property
+    def values(self) -> list:
+        return [r.value for r in self.ranks]
+
+    @property
+    def stdout(self) -> list[str]:
+        return [r.stdout for r in self.ranks]
+
+    @property
+    def stderr(self) -> list[str]:
+        return [r.stderr for r in self.ranks]
+
+    def summary(self) -> str:
+        """A few lines naming each failed rank and its cause, then what happened to the rest."""
+        if self.ok:
+            if self.remote:
+                return (f"all {len(self.ranks)} ranks on this node (of {self.world_size} in the job) "
+                        f"finished ok in {self.elapsed:.2f} s")
+            return f"all {self.world_size} ranks finished ok in {self.elapsed:.2f} s"
+        from nbddp.core.summary import state_lines   # ranks in the same state said once
+
+        lines = state_lines(self.ranks)
+        oks = [str(r.rank) for r in self.ranks if r.ok]
+        if oks:
+            lines.append(f"rank{'s' if len(oks) > 1 else ''} {_ranges(oks)} finished ok")
+        return "\n".join(lines + self.notes)
+
+    def raise_for_status(self) -> "RunResult":
+        if self.ok:
+            return self
+        if self.interrupted:
+            raise Interrupted("nbddp: " + next((n for n in reversed(self.notes) if n.startswith("interrupted")),
+                                               "interrupted: all ranks were stopped"))
+        raise (DDPTimeout if self.timed_out else DDPError)(self)
+
+
+def _ranges(ranks: list[str]) -> str:
+    from nbddp.core.summary import ranges
+
+    return ranges(int(r) for r in ranks)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The stop button ended a launch: a KeyboardInterrupt that IPython shows as one line
+    (``KeyboardInterrupt: nbddp: interrupted: all ranks were stopped``), not a traceback
+    through nbddp; the per-rank report was shown above it and is in ``_ddp``."""
+
+    def _render_traceback_(self):
+        return [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: {self}"]
+
+
+Interrupted.__name__ = "KeyboardInterrupt"  # what Jupyter names the error (ename), as for any interrupt
+
+
+class DDPError(RuntimeError):
+    """Raised by a cell when any rank failed; ``.result`` holds the whole RunResult."""
+
+    def __init__(self, result: RunResult):
+        self.result = result
+        super().__init__(self._headline() + "\n" + result.summary())
+
+    def _headline(self) -> str:
+        bad = self.result.failed
+        if not bad:
+            return "the launch failed"
+        return "rank" + ("s " if len(bad) > 1 else " ") + ",".join(str(r.rank) for r in bad) + " failed"
+
+    def _render_traceback_(self):
+        """IPython shows this instead of a traceback from inside nbddp."""
+        lines = [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self._headline()}"]
+        lines += ["  " + line for line in self.result.summary().splitlines()]
+        for r in self.result.failed:
+            if r.hint:
+                lines.append(f"  hint (rank {r.rank}): {r.hint}")
+        from nbddp.core.summary import ranges
+
+        shown = set(self.result.displayed)
+        with_traceback = [r for r in self.result.failed if r.exception and r.exception.get("traceback")]
+        for r in with_traceback:  # a traceback once: here only where no view showed it
+            if r.rank not in shown:
+                lines.append(f"--- rank {r.rank} traceback ---")
+                lines += r.exception["traceback"].rstrip("\n").splitlines()
+        above = [r.rank for r in with_traceback if r.rank in shown]
+        if len(above) == 1:
+            where = f"rank {above[0]}'s traceback is in its output above; "
+        elif above:
+            where = f"ranks {ranges(above)}: tracebacks in their output above; "
+        else:
+            where = ""
+        lines.append(f"({where}full per-rank logs: {self.result.log_dir}; the result is in _ddp)")
+        return lines
+
+
+class DDPTimeout(DDPError):
+    """Raised when the launch ran past ``--timeout``; the ranks' stacks say where they were."""
+
+    def _headline(self) -> str:
+        return "timed out"

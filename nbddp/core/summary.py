@@ -1,0 +1,45 @@
+"""Ranks in the same state said once: "ranks 0–10,12–15: terminated (stopped by nbddp after rank
+11 failed)" instead of fifteen lines, so the one rank that broke stands out — in the DDPError,
+the transcript and the chips. Pure."""
+from __future__ import annotations
+
+from nbddp.core.result import FAILED, KILLED, OK, TIMED_OUT
+
+CAUSING = (FAILED, KILLED, TIMED_OUT)   # states that explain a failure: never folded together
+
+
+def ranges(ranks) -> str:
+    """[0, 1, 2, 5] → '0–2,5'."""
+    nums = sorted(ranks)
+    parts, start = [], None
+    for i, n in enumerate(nums):
+        if start is None:
+            start = n
+        if i + 1 == len(nums) or nums[i + 1] != n + 1:
+            parts.append(str(start) if start == n else f"{start}–{n}")
+            start = None
+    return ",".join(parts)
+
+
+def label(ranks) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}"
+
+
+def groups(rank_results, fold_causing: bool = False) -> list[tuple[list, str, str]]:
+    """(ranks, state, cause) groups in order of first appearance: a rank that caused the failure
+    keeps a group of its own (its cause is its own) unless ``fold_causing``."""
+    out: dict = {}
+    for r in rank_results:
+        key = (r.state, r.cause) if (fold_causing or r.state not in CAUSING) else (r.state, r.cause, r.rank)
+        out.setdefault(key, ([], r.state, r.cause))[0].append(r.rank)
+    return list(out.values())
+
+
+def state_lines(rank_results, include_ok: bool = False) -> list[str]:
+    """One line per group of ranks in the same state, the failed ones first."""
+    lines = []
+    for ranks, state, cause in sorted(groups(rank_results), key=lambda g: g[1] not in CAUSING):
+        if state == OK and not include_ok:
+            continue
+        lines.append(f"{label(ranks)}: {state}" + (f" ({cause})" if cause else ""))
+    return lines

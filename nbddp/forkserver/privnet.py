@@ -1,0 +1,199 @@
+"""A private network for a kernel's ranks (``NBDDP_PRIVATE_NET=1``): its own Linux network
+namespace, whose loopback no other process of the machine shares.
+
+Why: the rendezvous store (a TCPStore) has no authentication, and gloo's listeners take any
+connection; on loopback every local user can reach both (torchrun has the same exposure).
+Neither TCP on loopback nor torch lets a listener ask who connects (SO_PEERCRED is for unix
+sockets), so the only way to keep them to one user without changing the ranks' environment
+is to give them a loopback of their own.
+
+How: the forkserver enters a new network namespace before it imports anything (a root kernel
+needs no more; an unprivileged one first enters a new user namespace that maps its own uid and
+gid to themselves, so ``os.getuid()`` is unchanged), brings its loopback up, and everything it
+forks (ranks, spares, the process hosting the stores: nbddp/forkserver/storehost.py) lives there. The
+cost: ranks reach nothing beyond that loopback (no downloads, no other machine), and inside a
+user namespace files of other users show as owned by ``nobody``. This module is plain stdlib:
+it runs in the forkserver before torch, and as a probe with ``python -I``.
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+ENV = "NBDDP_PRIVATE_NET"
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+SIOCGIFADDR, SIOCSIFADDR, SIOCSIFNETMASK = 0x8915, 0x8916, 0x891C
+
+_probed: dict[str, str] = {}
+_state: dict[str, str] = {}
+
+
+def requested() -> bool:
+    """The environment asks for a private network; read once per process (the kernel reads it
+    when it starts its forkserver, which reads the same value as it starts)."""
+    if "asked" not in _probed:
+        _probed["asked"] = "1" if os.environ.get(ENV, "0") == "1" else ""
+    return bool(_probed["asked"])
+
+
+def enter() -> None:
+    """Move this (single-threaded) process into a new network namespace with its loopback up,
+    carrying this machine's IPv4 addresses and name servers' addresses there (see
+    ``_carry_addresses``). Raises OSError saying why not."""
+    uid, gid = os.geteuid(), os.getegid()
+    carried = _machine_addresses() + [a for a in nameservers() if not a.startswith("127.")]
+    if _unshare(CLONE_NEWNET) != 0:  # root (CAP_SYS_ADMIN) needs nothing more
+        if _unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unprivileged user and network namespaces are not allowed here "
+                               f"(unshare: {os.strerror(err)})")
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    _loopback_up()
+    _carry_addresses(carried)
+    _state["entered"] = "1"
+
+
+def entered() -> bool:
+    """This process (or the forkserver it was forked from) entered a private network."""
+    return bool(_state.get("entered"))
+
+
+def _machine_addresses() -> list[str]:
+    """This machine's IPv4 addresses, but loopback's."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s, SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address
+            address = socket.inet_ntoa(raw[20:24])
+            if not address.startswith("127.") and address not in found:
+                found.append(address)
+    return found
+
+
+def _carry_addresses(addresses: list[str]) -> None:
+    """Put ``addresses`` on the private loopback (each a /32), so what ranks did with them
+    outside still works inside: gloo binds to the address this machine's name resolves to
+    (else it falls back to loopback with a warning on every rank), and each name server's
+    address gets an answer at once (``answer_names``) instead of "Temporary failure in name
+    resolution", which c10d prints as a warning for every connection it names."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for i, address in enumerate(addresses):
+            label = f"lo:{i + 1}".encode()
+            where = struct.pack("16sH2s4s8s", label, socket.AF_INET, b"\0\0", socket.inet_aton(address), b"")
+            mask = struct.pack("16sH2s4s8s", label, socket.AF_INET, b"\0\0", b"\xff\xff\xff\xff", b"")
+            try:
+                fcntl.ioctl(s, SIOCSIFADDR, where)
+                fcntl.ioctl(s, SIOCSIFNETMASK, mask)
+            except OSError:
+                pass  # that name or address then behaves as with no network at all
+
+
+def nameservers() -> list[str]:
+    """The IPv4 name servers /etc/resolv.conf names."""
+    try:
+        with open("/etc/resolv.conf") as f:
+            words = [line.split() for line in f]
+    except OSError:
+        return []
+    return [w[1] for w in words if len(w) > 1 and w[0] == "nameserver" and _is_ipv4(w[1])]
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        socket.inet_aton(text)
+        return text.count(".") == 3
+    except OSError:
+        return False
+
+
+def answer_names() -> None:
+    """In the private network, answer every DNS query on the name servers' addresses with
+    "no such name" (a daemon thread): a lookup ends at once, as it would on a machine whose
+    DNS knows no such name, and getnameinfo() falls back to the number, as outside."""
+    sockets = []
+    for address in nameservers():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.bind((address, 53))
+            sockets.append(sock)
+        except OSError:
+            sock.close()
+    if sockets:
+        threading.Thread(target=_no_such_name, args=(sockets,), name="nbddp-names", daemon=True).start()
+
+
+def _no_such_name(sockets) -> None:
+    while True:
+        for sock in select.select(sockets, [], [])[0]:
+            try:
+                query, peer = sock.recvfrom(512)
+                sock.sendto(nxdomain(query), peer)
+            except OSError:
+                continue
+
+
+def nxdomain(query: bytes) -> bytes:
+    """The NXDOMAIN answer to a DNS query: its id and question, no records."""
+    if len(query) < 12:
+        return b""
+    end = 12
+    while end < len(query) and query[end]:
+        end += 1 + query[end]
+    question = query[12:end + 5]
+    flags = 0x8000 | (query[2] & 0x01) << 8 | 0x0080 | 3  # response, RD echoed, RA, NXDOMAIN
+    return query[:2] + struct.pack(">HHHHH", flags, 1 if question else 0, 0, 0, 0) + question
+
+
+def _unshare(flags: int) -> int:
+    return ctypes.CDLL(None, use_errno=True).unshare(flags)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        name = struct.pack("16sH", b"lo", 0)
+        flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, name))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
+
+
+def network_id(pid: int | str = "self") -> str:
+    """The network namespace a process is in (``net:[4026531840]``)."""
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def unavailable() -> str:
+    """Why this machine gives this user no private network ("" where it does), tried once per
+    kernel in a short-lived ``python -I`` (the kernel itself has threads and must stay put)."""
+    if "why" not in _probed:
+        try:
+            done = subprocess.run([sys.executable, "-I", "-S", __file__], capture_output=True,
+                                  text=True, timeout=20)
+            _probed["why"] = "" if done.returncode == 0 else (
+                done.stderr.strip().splitlines() or ["the probe failed"])[-1]
+        except (OSError, subprocess.SubprocessError) as exc:
+            _probed["why"] = f"the probe could not run: {exc}"
+    return _probed["why"]
+
+
+if __name__ == "__main__":  # the probe: can this user enter one?
+    try:
+        enter()
+    except OSError as exc:
+        sys.exit(str(exc.strerror or exc))

@@ -1,0 +1,188 @@
+"""Ranks forked ahead of need, so a fresh ``%%ddp`` cell does not wait for its forks.
+
+Forking a torch-sized process costs ~5 ms in the forkserver and ~3 ms more before the child is
+ready, one rank after another on a 2-core laptop: half of a fresh 4-rank cell. So after each
+launch, in the background while the user reads the output, the same number of processes
+(at most ``NBDDP_SPARES``, default 8; 0 turns this off) are forked from the forkserver and wait,
+having run nothing, for their job. A cell takes them, sends each its rank's data (environment,
+argv, cwd, the cell) and they become ranks exactly as a fresh fork would: the job is applied
+after the fork either way. A spare that is not used stays idle; it ends with the kernel (its
+job pipe closes) and is named ``nbddp-spare`` in ``ps``/``top`` (``nbddp-rankN`` once it runs).
+
+The plumbing of one rank (pipes and its un-started process) is made here for every rank, spare
+or not, so both paths are the same code.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+from multiprocess.connection import Connection
+
+from nbddp.forkserver import preload
+from nbddp.forkserver import starter
+from nbddp.rank import worker
+
+DEFAULT_LIMIT = 8
+_lock = threading.Lock()
+_stock: list["Plumbing"] = []
+_worker: threading.Thread | None = None  # the refill running now, if any
+_forking = threading.Event()  # set while that refill forks (after offering the notebook's modules)
+FORKING_WAIT_S = 5.0  # a next cell waits this long at most for the spares being forked
+
+
+def limit() -> int:
+    try:
+        return max(0, int(os.environ.get("NBDDP_SPARES", DEFAULT_LIMIT)))
+    except ValueError:
+        return DEFAULT_LIMIT
+
+
+class Plumbing:
+    """One rank's pipes (launcher's ends kept here) and its process, started or not."""
+
+    def __init__(self, ctx, duplex: bool, spare: bool = False):
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        life_r, self.life_w = os.pipe()
+        self.ctl, ctl_w = ctx.Pipe(duplex=duplex)
+        job_r, self.job_w = ctx.Pipe(duplex=False)
+        self._child_ends = [Connection(out_w, readable=False), Connection(err_w, readable=False),
+                            Connection(life_r, writable=False), ctl_w, job_r]
+        job = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends))
+        job["spare"] = spare  # a spare says "ready" on ctl once it waits for its job
+        self.process = ctx.Process(target=worker.entry, args=(job,), name="nbddp-rank")
+
+    @property
+    def started(self) -> bool:
+        return getattr(self.process, "_popen", None) is not None
+
+    def close_child_ends(self) -> None:
+        """After the start the child has its own copies of these."""
+        for conn in self._child_ends:
+            conn.close()
+        self._child_ends = []
+
+    def send_job(self, data: bytes) -> None:
+        """The rank's data (one pickle); the rank starts its cell when it arrives."""
+        try:
+            self.job_w.send_bytes(data)
+        except OSError:
+            pass  # it died meanwhile: the launcher sees its exit like any other rank's
+        self.job_w.close()
+
+    def discard(self) -> None:
+        """Close everything; a started process gets SIGKILL (it has run nothing)."""
+        self.close_child_ends()
+        if self.started and self.process.exitcode is None:
+            self.process.kill()
+            self.process.join(2)
+        for fd in (self.out_r, self.err_r, self.life_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for conn in (self.ctl, self.job_w):
+            conn.close()
+
+
+def usable(spec, pool_mode: bool) -> bool:
+    """Spares serve fresh forkserver launches (a pool starts once; spawn means a new interpreter)."""
+    return not pool_mode and spec.start_method == "forkserver" and limit() > 0
+
+
+def take(n: int) -> list[Plumbing]:
+    """Up to ``n`` ready spares (dead ones are dropped). A refill that is forking now is
+    making these very processes: waiting for it (bounded) costs no more than forking a second
+    set beside it, which would double the kernel's descriptors (12 a process while it starts:
+    ~200 at once for two ``-n 8`` sets) and compete for the same cores."""
+    thread = _worker
+    if thread is not None and _forking.is_set():
+        thread.join(FORKING_WAIT_S)
+    got = []
+    with _lock:
+        while _stock and len(got) < n:
+            spare = _stock.pop(0)
+            if spare.process.exitcode is None:
+                got.append(spare)
+            else:
+                spare.discard()
+    return got
+
+
+def refill(n: int) -> None:
+    """Fork spares in the background until ``min(n, limit())`` wait."""
+    global _worker
+    want = min(n, limit())
+    if want <= 0 or (_worker is not None and _worker.is_alive()):
+        return
+
+    def work():
+        try:
+            ctx = starter.context("forkserver")
+            with starter.offering():
+                offered = preload.offer(ctx, starter.start)
+            if offered:  # the notebook's new modules, imported before these forks
+                with _lock:  # spares forked before lack them
+                    outdated = list(_stock)
+                    _stock.clear()
+                for spare in outdated:
+                    spare.discard()
+            with _lock:
+                missing = want - len(_stock)
+            if missing <= 0:
+                return
+            _forking.set()
+            made = [Plumbing(ctx, duplex=False, spare=True) for _ in range(missing)]
+            try:
+                starter.start_all([p.process for p in made], limit=starter.answer_limit())
+            finally:
+                for p in made:
+                    p.close_child_ends()
+            for p in made:
+                ready = p.started and _said_ready(p)
+                with _lock:
+                    if ready:
+                        _stock.append(p)
+                    else:
+                        p.discard()
+        except Exception:
+            pass  # spares only save time: the next launch forks its ranks itself
+        finally:
+            _forking.clear()
+
+    _worker = threading.Thread(target=work, name="nbddp-spares", daemon=True)
+    _worker.start()
+
+
+def _said_ready(p: Plumbing, timeout: float = 10.0) -> bool:
+    try:
+        return p.ctl.poll(timeout) and p.ctl.recv() == ("ready",)
+    except (EOFError, OSError):
+        return False
+
+
+def settle(timeout: float = 10.0) -> None:
+    """Wait until no spare is being forked (tests and benchmarks compare process lists)."""
+    thread = _worker
+    if thread is not None:
+        thread.join(timeout)
+
+
+def clear() -> None:
+    """End every waiting spare (kernel exit, tests), after a refill in flight has added its own."""
+    settle()
+    with _lock:
+        spares = list(_stock)
+        _stock.clear()
+    for spare in spares:
+        spare.discard()
+
+
+def pids() -> list[int]:
+    with _lock:
+        return [p.process.pid for p in _stock]
+
+
+atexit.register(clear)

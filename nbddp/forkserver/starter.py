@@ -1,0 +1,270 @@
+"""How worker processes are started: a forkserver per kernel with torch preloaded (fork speed,
+without forking the multi-threaded kernel or a process that has touched CUDA), or spawn.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+
+import multiprocess
+from multiprocess import forkserver, spawn, util
+
+from nbddp.kernel import janitor
+from nbddp.forkserver import privnet
+from nbddp.forkserver.preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/forkserver/preload.py
+from nbddp.forkserver.preload import PROBE_TIMEOUT_S
+
+_lock = threading.Lock()
+_preload_set = False
+
+
+def context(start_method: str = "forkserver"):
+    """The multiprocess context for ``start_method``; the forkserver gets the preload list."""
+    global _preload_set
+    ctx = multiprocess.get_context(start_method)
+    if start_method == "forkserver":
+        with _lock:
+            if not _preload_set:
+                # first, before torch: NBDDP_PRIVATE_NET=1 moves the forkserver into a private
+                # network (nbddp/forkserver/privnet.py), decided once per kernel, here
+                privnet.requested()
+                ctx.set_forkserver_preload(["nbddp.forkserver.serve_private_net"] + PRELOAD)
+                _preload_set = True
+    return ctx
+
+
+_children: dict[int, subprocess.Popen] = {}  # kept, so nothing reaps them behind multiprocess
+
+
+def _spawnv_passfds_in_own_session(path, args, passfds):
+    """multiprocess's helper that starts the forkserver (and spawned ranks), but in a session
+    of its own: Jupyter's stop button signals the kernel's whole process group, and a SIGINT
+    there would kill the forkserver while it imports torch. The forkserver still ends with
+    the kernel (its alive pipe closes), so do the ranks and spares it forked (lifelines), and
+    the watcher of nbddp/kernel/janitor.py ends whatever of them is stuck and removes multiprocess's
+    ``pymp-*`` folder (the listener's socket) and torch's cache folder if the preload made it
+    empty (``import torch._dynamo`` creates it)."""
+    janitor.remove_if_empty_at_exit(janitor.new_torch_cache_dir())
+    janitor.remove_at_exit(util.get_temp_dir())
+    child = subprocess.Popen(list(args), executable=path, pass_fds=tuple(sorted(map(int, passfds))),
+                             close_fds=True, start_new_session=True)
+    _children[child.pid] = child
+    janitor.end_with_kernel(passfds)
+    return child.pid
+
+
+util.spawnv_passfds = _spawnv_passfds_in_own_session
+
+
+_known_forkserver: int | None = None  # the pid the last launch used
+
+
+def ensure_forkserver() -> str | None:
+    """Start the forkserver if it is not running; a line to show when the one the last launch
+    used has ended, else None. The replacement may have been started here or, in between
+    cells, by a background fork of spares (multiprocess restarts it on any fork), so this
+    compares with the pid the last launch saw, not only with the one before this call."""
+    global _known_forkserver
+    server = forkserver._forkserver
+    before = server._forkserver_pid
+    server.ensure_running()
+    after = server._forkserver_pid
+    known, _known_forkserver = _known_forkserver, after
+    if known is None or known == after:
+        return None
+    _children.pop(known, None)
+    if before != after:
+        return ("the forkserver had ended (pid %d); started a new one, so this cell waits for "
+                "torch to be imported again" % known)
+    return "the forkserver had ended (pid %d); a new one was started in the background" % known
+
+
+_starting = threading.local()
+_original_preparation = spawn.get_preparation_data
+
+
+def _preparation_without_main(name):
+    """A rank builds its own ``__main__`` from the cell: never re-run the caller's main script
+    in it (multiprocess would, for a script without a ``__main__`` guard)."""
+    data = _original_preparation(name)
+    if getattr(_starting, "active", False):
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+spawn.get_preparation_data = _preparation_without_main
+
+
+_original_flush = util._flush_std_streams
+
+
+def _flush_unless_starting():
+    """multiprocess flushes sys.stdout/stderr before each start, so a forked child does not
+    repeat buffered output. A rank is forked by the forkserver (or spawned), never from the
+    kernel, so there is nothing to protect; and in ipykernel a flush from a thread other than
+    the IO thread gives that thread a zmq socket of its own (an eventfd), closed only by
+    ipykernel's sweep 10-20 s after the thread ended: 8 per ``-n 8`` cell's start threads."""
+    if not getattr(_starting, "active", False):
+        _original_flush()
+
+
+util._flush_std_streams = _flush_unless_starting
+
+
+def start(process) -> None:
+    """Start one rank's process (see _preparation_without_main, _flush_unless_starting)."""
+    _starting.active = True
+    try:
+        process.start()
+    finally:
+        _starting.active = False
+
+
+FORK_ANSWER_S = 10.0  # a forkserver that has forked before answers a fork request in ms
+FIRST_ANSWER_S = 300.0  # a new one first imports torch and the preload list (seconds to minutes)
+
+
+class ForkserverStuck(RuntimeError):
+    """The forkserver did not fork within the limit; it was killed (``pid``)."""
+
+    def __init__(self, pid: int | None, waited: float):
+        super().__init__(f"the forkserver (pid {pid}) did not answer in {waited:.0f} s")
+        self.pid, self.waited = pid, waited
+
+
+_answered: int | None = None  # the forkserver that has forked for this kernel (so it is warm)
+_offering = threading.Event()  # set while an offer may keep the forkserver busy (nbddp/forkserver/preload.py)
+
+
+@contextmanager
+def offering():
+    """While the forkserver may be importing an offer (seconds), fork requests wait for it."""
+    _offering.set()
+    try:
+        yield
+    finally:
+        _offering.clear()
+
+
+def answer_limit() -> float:
+    """How long a fork request may take: short once the forkserver has answered before; while
+    it may still be importing torch and the preload list, or an offered module (whose probe
+    gives up after nbddp.forkserver.preload.PROBE_TIMEOUT_S), long, but never without a limit."""
+    if _offering.is_set():
+        return PROBE_TIMEOUT_S + FIRST_ANSWER_S
+    if _answered is None or _answered != forkserver._forkserver._forkserver_pid:
+        return FIRST_ANSWER_S
+    return FORK_ANSWER_S
+
+
+def start_all(processes, limit: float | None = None) -> None:
+    """Start several ranks at once. Each start waits ~5 ms for the forkserver to fork a
+    torch-sized process; in threads (the wait releases the GIL) one rank's fork overlaps the
+    next one's pickling, which shortens a 4-rank launch by a third. Returns when every start
+    has returned (an interrupt meanwhile is re-raised after, so no rank starts unseen). With
+    ``limit``, a forkserver that has not forked them all by then is killed (the blocked starts
+    then fail at once) and ForkserverStuck is raised: a stuck forkserver never holds the
+    kernel."""
+    global _answered
+    if len(processes) <= 1 and limit is None:
+        for process in processes:
+            start(process)
+        _answered = forkserver._forkserver._forkserver_pid
+        return
+    errors: list[BaseException] = []
+
+    def one(process):
+        try:
+            start(process)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(p,), name="nbddp-start", daemon=True) for p in processes]
+    began = time.monotonic()
+    for thread in threads:
+        thread.start()
+    interrupted, stuck = None, None
+    for thread in threads:
+        while True:
+            try:
+                left = None if limit is None else max(0.0, began + limit - time.monotonic())
+                thread.join(left)
+                if thread.is_alive() and stuck is None:  # only with a limit
+                    stuck = _kill_forkserver()
+                    continue
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+    if stuck is not None:  # the blocked starts fail at once now: let them, so none starts unseen
+        for thread in threads:
+            thread.join(5.0)
+        raise ForkserverStuck(stuck, time.monotonic() - began)
+    if interrupted is not None:
+        raise interrupted
+    if errors:
+        raise errors[0]
+    _answered = forkserver._forkserver._forkserver_pid
+
+
+def _kill_forkserver() -> int | None:
+    """SIGKILL the forkserver (it does not answer): fork requests waiting on it fail at once,
+    and the next ensure_running() starts a new one."""
+    pid = forkserver._forkserver._forkserver_pid
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            return pid
+        deadline = time.monotonic() + 5.0  # dead (not reaped: multiprocess reaps it) before
+        while time.monotonic() < deadline:  # ensure_running() looks, or it reuses the old one
+            try:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    break
+            except ChildProcessError:
+                break
+            time.sleep(0.01)
+    return pid
+
+
+_torch_ready = threading.Event()
+_torch_ready.set()  # nothing to wait for until warm_up() starts importing torch in the background
+
+
+def warm_up() -> threading.Thread:
+    """Start the forkserver (and import torch here, for the rendezvous store) in the background,
+    so the first cell does not pay for it while the user is still typing. Until that import
+    has finished, the next cell waits for it (``wait_for_torch``, an IPython pre_run_cell
+    hook) instead of importing torch at the same time: two threads importing torch's nested
+    packages at once can fail or abort the kernel (pytorch/pytorch#182560; seen here as
+    "terminate called after throwing an instance of 'python_error'")."""
+    import sys
+
+    def work():
+        try:
+            context("forkserver")
+            forkserver.ensure_running()
+            import torch.distributed  # noqa: F401 - the launcher hosts a TCPStore
+        except Exception:
+            pass  # the first launch will start it and report any real problem
+        finally:
+            _torch_ready.set()
+
+    if "torch.distributed" not in sys.modules:
+        _torch_ready.clear()
+    thread = threading.Thread(target=work, name="nbddp-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_for_torch(*_args) -> None:
+    """Block until the background import of torch (``warm_up``) has finished; at once after.
+    The stop button while it waits ends the wait only (the cell then runs as it would have)."""
+    try:
+        _torch_ready.wait()
+    except KeyboardInterrupt:
+        pass

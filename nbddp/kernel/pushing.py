@@ -1,0 +1,156 @@
+"""``--push``: the notebook's values are serialized once (dill) into one file in shared memory
+(``/dev/shm``, else the temp folder), and every rank maps that same file. Only the file's name
+travels to the ranks, so the kernel's extra memory stays about 1x the values whatever the number
+of ranks (it was ranks x size when each rank got its own copy over a pipe).
+
+CPU tensors go out of band (pickle protocol 5): their bytes are written straight from the
+tensor's memory after the pickle stream, and a rank copies them out of its map into a storage
+of its own, with no torch.save round trip at either end; views keep sharing their storage.
+The file is removed when the cell ends, and with the kernel (nbddp/kernel/janitor.py) if it is killed.
+"""
+from __future__ import annotations
+
+import copyreg
+import ctypes
+import io
+import mmap
+import os
+import pickle
+import struct
+import sys
+import tempfile
+import uuid
+
+from nbddp.kernel.janitor import remove_at_exit
+from nbddp.kernel.logdirs import private
+
+_folder: str | None = None
+
+
+def pack(values: dict | None) -> dict | None:
+    """Write ``values`` for the ranks; returns what a rank needs to load them (or None)."""
+    if not values:
+        return None
+    import dill
+
+    path = os.path.join(_shared_folder(), f"push-{uuid.uuid4().hex}.dill")
+    try:
+        stream, buffers = io.BytesIO(), []
+        pickler = dill.Pickler(stream, protocol=5, recurse=True, buffer_callback=buffers.append)
+        _send_tensors_out_of_band(pickler)
+        pickler.dump(dict(values))
+        views = [buf.raw() for buf in buffers]
+        header = struct.pack(f"<{2 + len(views)}Q", len(views), stream.tell(), *(v.nbytes for v in views))
+        with open(path, "wb", opener=private) as f:
+            f.write(header)
+            f.write(stream.getbuffer())
+            for view in views:
+                f.write(view)
+        del views, buffers
+    except Exception:
+        discard({"path": path})
+        _name_the_culprit(values)
+        raise TypeError("nbddp: the pushed values cannot be sent together") from None
+    return {"path": path}
+
+
+def load(packed) -> dict:
+    """In a rank: the pushed values (``packed`` from pack; bytes from an older kernel)."""
+    import dill
+
+    if isinstance(packed, (bytes, bytearray)):
+        return dill.loads(packed)
+    with open(packed["path"], "rb") as f:
+        # a private, copy-on-write map: writable (torch.frombuffer wants that), never written
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    view = memoryview(mapped)
+    count, size = struct.unpack_from("<2Q", view)
+    lengths = struct.unpack_from(f"<{count}Q", view, 16)
+    offset = 16 + 8 * count
+    stream = view[offset:offset + size]
+    offset += size
+    buffers = []
+    for length in lengths:
+        buffers.append(view[offset:offset + length])
+        offset += length
+    return dill.loads(stream, buffers=buffers)
+
+
+def _send_tensors_out_of_band(pickler) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    blobs = {}  # one blob per storage, so views of it share it again in the rank
+
+    def reduce_tensor(t):
+        if not _plain_cpu_tensor(torch, t):
+            return t.__reduce_ex__(5)
+        storage = t.untyped_storage()
+        blob = blobs.setdefault(storage.data_ptr(), _Blob(storage))
+        return (_tensor, (blob, t.dtype, tuple(t.shape), t.stride(), t.storage_offset(),
+                          t.requires_grad))
+
+    pickler.dispatch_table = dict(copyreg.dispatch_table)
+    pickler.dispatch_table[torch.Tensor] = reduce_tensor
+
+
+def _plain_cpu_tensor(torch, t) -> bool:
+    return (t.device.type == "cpu" and t.layout == torch.strided and not t.is_quantized
+            and t.grad_fn is None and not t.is_conj() and not t.is_neg()
+            and not getattr(t, "__dict__", None) and t.untyped_storage().nbytes() > 0
+            and not getattr(t, "has_names", bool)())
+
+
+class _Blob:
+    """A tensor storage's bytes, pickled out of band (no copy in the kernel)."""
+
+    def __init__(self, storage):
+        self.storage = storage  # keeps the memory alive until the file is written
+
+    def __reduce__(self):
+        nbytes = self.storage.nbytes()
+        raw = (ctypes.c_char * nbytes).from_address(self.storage.data_ptr())
+        return (_storage, (pickle.PickleBuffer(memoryview(raw).cast("B")),))
+
+
+def _storage(buffer):
+    import torch
+
+    return torch.frombuffer(buffer, dtype=torch.uint8).clone().untyped_storage()
+
+
+def _tensor(storage, dtype, shape, stride, offset, requires_grad):
+    import torch
+
+    t = torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def discard(packed) -> None:
+    """The cell has ended: no rank reads the file any more."""
+    if isinstance(packed, dict):
+        try:
+            os.unlink(packed["path"])
+        except OSError:
+            pass
+
+
+def _name_the_culprit(values: dict) -> None:
+    import dill
+
+    for name, value in values.items():
+        try:
+            dill.dumps(value, recurse=True)
+        except Exception as exc:
+            raise TypeError(f"nbddp: cannot push {name!r} ({type(value).__name__}) to the ranks: "
+                            f"{exc}") from None
+
+
+def _shared_folder() -> str:
+    global _folder
+    if _folder is None or not os.path.isdir(_folder):
+        base = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
+        _folder = tempfile.mkdtemp(prefix="nbddp-push-", dir=base)  # 0700
+        remove_at_exit(_folder)
+    return _folder
+

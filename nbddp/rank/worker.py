@@ -1,0 +1,359 @@
+"""What runs inside one rank: make the process look like a script started by torchrun, run the
+cell (or callable), report how it ended, and die with the kernel.
+
+This module is preloaded in the forkserver, so it must import nothing that touches CUDA.
+"""
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import io
+import linecache
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+
+from nbddp.rank import nostdin
+from nbddp.kernel import pushing
+from nbddp.rank import stackwatch
+from nbddp.rank import teardown
+from nbddp.rank import user_rendezvous
+from nbddp.core.cellnames import name_cell
+
+# What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
+CURRENT: dict = {}
+
+
+try:  # loaded once, in the forkserver
+    import ctypes
+
+    _LIBC = ctypes.CDLL(None)
+except Exception:  # pragma: no cover - not Linux
+    _LIBC = None
+
+
+def entry(job: dict) -> None:
+    """Process target: set up, run, report, exit. Never returns."""
+    ctl = job["ctl"]
+    code = 1
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the cell runs (_become_script)
+    if os.getsid(0) != os.getpid():  # a spawned rank starts in a session of its own already
+        os.setsid()  # own process group: the launcher ends the rank and all it started at once
+    if job.pop("spare", False):
+        _set_name(b"nbddp-spare")
+        _send(ctl, ("ready",))
+    try:  # the rank's data comes when a launch needs this process (nbddp/forkserver/spares.py)
+        data = job["jobpipe"].recv_bytes()
+    except (EOFError, OSError):
+        os._exit(0)  # never used: the kernel ended or discarded it
+    job.pop("jobpipe").close()
+    try:
+        job.update(pickle.loads(data))
+        _set_name(f"nbddp-rank{job['rank']}".encode()[:15])
+        _become_script(job)
+        _send(ctl, ("started", os.getpid(), time.time()))
+        code = _serve(job, ctl) if job.get("pool") else _run(job, ctl)
+    except BaseException as exc:  # setup failed: say so as plainly as possible
+        try:
+            os.write(2, f"nbddp: worker setup failed: {exc!r}\n".encode())
+        except OSError:
+            pass
+    _finish(ctl, code)
+
+
+def _set_name(name: bytes) -> None:
+    """The name ``ps -o comm``, ``top`` and psutil show (Linux)."""
+    try:
+        if _LIBC is not None:
+            _LIBC.prctl(15, name, 0, 0, 0)  # PR_SET_NAME
+    except Exception:
+        pass
+
+
+def _send(ctl, message) -> None:
+    try:
+        ctl.send(message)
+    except (OSError, EOFError, ValueError):
+        pass
+
+
+def _become_script(job: dict) -> None:
+    CURRENT.update(rank=job["rank"], backend=job.get("backend"))
+    for fd, conn in ((1, job["stdout"]), (2, job["stderr"])):
+        os.dup2(conn.fileno(), fd)
+        conn.close()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(0, closefd=False)
+    nostdin.install()
+    sys.stdout = sys.__stdout__ = _line_stream(1)
+    sys.stderr = sys.__stderr__ = _line_stream(2)
+    _watch_lifeline(job["lifeline"])
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    job["_stack_file"] = stackwatch.serve(job["stack_path"])  # stacks on request, no signal
+    _INTERRUPT.update(armed=True, ack=job.get("sigint_path", ""))
+    signal.signal(signal.SIGINT, _on_sigint)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(job["env"])
+    user_rendezvous.install(job["env"], job["cell_path"])  # a cell's own MASTER_PORT/tcp:// works
+    _apply_thread_env()
+    teardown.install()  # destroy_process_group without torch's teardown race (nbddp/rank/teardown.py)
+    os.chdir(job["cwd"])
+    sys.path[:] = [job["cwd"]] + [p for p in job["sys_path"] if p not in ("", job["cwd"])]
+    sys.argv = list(job["argv"])
+    if job.get("forget"):  # preloaded modules whose files changed since (nbddp/forkserver/preload.py)
+        from nbddp.forkserver.preload import forget
+
+        forget(job["forget"])
+    atexit._clear()  # handlers inherited from the forkserver are not the script's
+    _install_display(job["ctl"])
+
+
+_INTERRUPT = {"armed": False, "ack": ""}
+
+
+def _on_sigint(signum, frame):
+    """SIGINT while the cell runs: KeyboardInterrupt, as Python raises it, after leaving a mark
+    that says Python code got it, so the launcher lets the cell's own except/finally finish
+    (a rank stuck in C, or ignoring SIGINT, leaves no mark and is ended within 2 s). A file,
+    not a message: the control pipe may be in the middle of a message right now."""
+    if not _INTERRUPT["armed"]:
+        return  # a pool rank between cells: the interrupt was for the cell that just ended
+    try:
+        os.close(os.open(_INTERRUPT["ack"], os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError:
+        pass
+    raise KeyboardInterrupt
+
+
+def _install_display(ctl) -> None:
+    """display() and plt.show() in a rank send mime bundles to the kernel (nbddp/rank/display.py)."""
+    try:
+        from nbddp.rank.display import install
+
+        install(ctl)
+    except Exception as exc:  # rich output is a nicety: the rank still runs
+        sys.stderr.write(f"nbddp: display() in this rank prints text only ({exc!r})\n")
+
+
+def _line_stream(fd: int) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace",
+                            line_buffering=True)
+
+
+def _apply_thread_env() -> None:
+    """torch was imported before the env was set: apply OMP_NUM_THREADS as a fresh process would."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    torch = sys.modules.get("torch")
+    if threads and torch is not None:
+        try:
+            torch.set_num_threads(max(1, int(threads)))
+        except (ValueError, RuntimeError):
+            pass
+    # torch.distributed reads TORCH_DISTRIBUTED_DEBUG once, at import (in the forkserver, before
+    # this rank's environment existed): read it again so DETAIL's collective checks are on.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and hasattr(dist, "set_debug_level_from_env"):
+        try:
+            dist.set_debug_level_from_env()
+        except (ValueError, RuntimeError):
+            pass
+
+
+def _watch_lifeline(conn) -> None:
+    """End this rank's whole process group when the kernel that launched it goes away."""
+    fd = conn.fileno()
+
+    def watch():
+        while True:
+            try:
+                if os.read(fd, 1) == b"":
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="nbddp-lifeline", daemon=True).start()
+
+
+def _run(job: dict, ctl) -> int:
+    main = _new_main(job["cell_path"])
+    try:
+        if job.get("func") is not None:
+            import dill
+
+            packed = job["func"]
+            if packed["filename"] and packed["lines"]:  # so tracebacks show the notebook's lines
+                linecache.cache[packed["filename"]] = (0, None, packed["lines"], packed["filename"])
+            func, args, kwargs = dill.loads(packed["payload"])
+            _send_value(ctl, func(*args, **kwargs))
+        else:
+            _exec_source(job, main, ctl)
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc, ctl, job["cell_path"])
+    except BaseException as exc:  # the user's error: print like Python would, and report it
+        _report(ctl, exc, job["cell_path"], job.get("cell_label"), job.get("source"))
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def _new_main(cell_path: str) -> types.ModuleType:
+    main = types.ModuleType("__main__")
+    main.__file__ = cell_path
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    return main
+
+
+def _exec_source(cell: dict, main: types.ModuleType, ctl) -> None:
+    """Run one cell's source in ``main``: pushed names first, pulled names sent back after."""
+    if cell.get("push"):
+        main.__dict__.update(pushing.load(cell["push"]))
+    source, path = cell["source"], cell["cell_path"]
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+    exec(compile(source, path, "exec"), main.__dict__)
+    if cell.get("pull"):
+        _send_pulled(ctl, main.__dict__, cell["pull"])
+
+
+def _serve(job: dict, ctl) -> int:
+    """A pool rank: run cell after cell in one ``__main__``, keeping state and the process group.
+
+    SIGINT raises KeyboardInterrupt only while a cell runs; one that arrives between cells (it
+    was meant for the cell that just ended) is ignored, so it cannot break the control pipe."""
+    main = _new_main(job["cell_path"])
+    _INTERRUPT["armed"] = False
+    while True:
+        try:
+            message = ctl.recv()
+        except (EOFError, OSError):
+            return 0
+        if message[0] != "exec":
+            return 0
+        cell = message[1]
+        main.__file__ = sys.argv[0] = cell["cell_path"]  # this cell's script (nbddp/kernel/cellscript.py)
+        status = "ok"
+        try:
+            try:
+                _INTERRUPT["armed"] = True
+                _send(ctl, ("began",))  # from now on SIGINT is for this cell
+                _exec_source(cell, main, ctl)
+            finally:
+                _INTERRUPT["armed"] = False
+        except SystemExit as exc:  # leaving a pool rank ends that worker, as in a script
+            return _exit_code(exc, ctl, cell["cell_path"])
+        except BaseException as exc:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+            _report(ctl, exc, cell["cell_path"], cell.get("cell_label"), cell["source"])
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        _send(ctl, ("done", status))
+
+
+def _exit_code(exc: SystemExit, ctl, cell_path: str) -> int:
+    """As Python exits on SystemExit; a message (``sys.exit("fatal: ...")``) is printed and
+    reported, so the failure names it."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    _send(ctl, ("exception", {"type": "SystemExit", "message": str(exc.code), "traceback": "",
+                              "cell_line": cell_line(_user_traceback(exc), cell_path)}))
+    return 1
+
+
+def cell_line(tb, cell_path: str):
+    """The last line of the cell in traceback ``tb`` (None when the cell is not in it)."""
+    line = None
+    for frame, lineno in traceback.walk_tb(tb):
+        if frame.f_code.co_filename == cell_path:
+            line = lineno
+    return line
+
+
+def _user_traceback(exc: BaseException):
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
+
+
+def _report(ctl, exc: BaseException, cell_path: str, label: str | None = None, source: str | None = None) -> None:
+    """Print the traceback as Python would, but naming the cell as IPython does (``Cell In[3],
+    line 7``: the script file is gone after the launch), and send it to the kernel."""
+    tb = _user_traceback(exc)
+    report = traceback.TracebackException(type(exc), exc, tb)
+    for part in _chain(report):  # nbddp's own frames (e.g. the SIGINT handler) are noise here
+        part.stack[:] = [f for f in part.stack if f.filename != __file__]
+    text = name_cell("".join(report.format()), cell_path, label, source)
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    _send(ctl, ("exception", {"type": type(exc).__name__, "message": str(exc),
+                              "traceback": text, "cell_line": cell_line(tb, cell_path)}))
+
+
+def _chain(report):
+    seen = []
+    while report is not None and report not in seen:
+        seen.append(report)
+        report = report.__cause__ or report.__context__
+    return seen
+
+
+def _send_value(ctl, value) -> None:
+    try:
+        ctl.send(("return", value))
+    except Exception as exc:  # unpicklable result: say which, do not fail the rank silently
+        _send(ctl, ("return_error", f"{type(value).__name__} could not be sent back: {exc}"))
+
+
+def _send_pulled(ctl, namespace: dict, names) -> None:
+    """The asked names this rank has; the kernel tells missing ones from the errors sent."""
+    pulled = {name: namespace[name] for name in names if name in namespace}
+    try:
+        ctl.send(("pulled", pulled))
+        return
+    except Exception:
+        pass
+    errors = {}
+    for name, value in pulled.items():  # find the ones that cannot be sent, to name them
+        try:
+            ctl.send(("pulled", {name: value}))
+        except Exception as exc:
+            errors[name] = f"{type(value).__name__} cannot be pickled ({exc})"
+    _send(ctl, ("pulled", {}, errors))
+
+
+def _finish(ctl, code: int) -> None:
+    _send(ctl, ("finished", code))  # the cell is over; what follows is the process's exit
+    try:
+        threading_shutdown = getattr(threading, "_shutdown", None)
+        if threading_shutdown is not None:
+            threading_shutdown()
+    except BaseException:
+        pass
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    _send(ctl, ("exit", code))
+    os._exit(code)

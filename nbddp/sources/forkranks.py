@@ -1,0 +1,145 @@
+"""A fresh launch's ranks: one cell (or callable) run once by new processes from the forkserver
+(or spawn), each ending when its cell ends — one torchrun job. A process source under
+nbddp/sources/supervisor.py; the processes themselves are nbddp/sources/rankprocs.py's."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+import uuid
+
+from nbddp.core import placement
+from nbddp.forkserver import preload
+from nbddp.forkserver import spares
+from nbddp.core.cellnames import log_label
+from nbddp.core.envvars import legacy_argv, rank_env
+from nbddp.kernel.logdirs import private
+from nbddp.sources.rankprocs import Rank, RankProcs
+from nbddp.sources.rendezvous import host_for
+from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
+from nbddp.sources.supervisor import Source, settle
+
+FAILFAST_DELAY_S = 0.25  # torchrun's agent notices a failed worker at its next check (0.1 s)
+
+
+class ForkRanks(Source):
+    """The ranks of one fresh launch of ``spec`` running ``source`` or a packed callable."""
+
+    def __init__(self, spec, *, source, func, push, cwd, base_env, log_dir, script=None, cell_label=None):
+        self.spec, self.source_text, self.func, self.push = spec, source, func, push
+        self.cwd, self.base_env, self.log_dir = cwd, base_env, log_dir
+        self.log_copy = os.path.join(log_dir, "cell.py")
+        self.cell_path = script or self.log_copy  # the ranks' __file__ (nbddp/kernel/cellscript.py)
+        self.cell_label = cell_label or log_label(self.log_copy)
+        self.procs = RankProcs(on_exit=self._on_exit, emit=self._emit)
+        self.store = None
+        self.use_spares = False
+
+    def _emit(self, *args) -> None:  # the supervisor replaces self.emit after this is made
+        self.emit(*args)
+
+    # ---------------------------------------------------------------- startup
+    def start(self) -> None:
+        spec, log_dir = self.spec, self.log_dir
+        with open(self.log_copy, "w", opener=private) as f:
+            f.write(self.source_text if self.source_text is not None else
+                    f"# nbddp ran the function {self.func['name']}\n")
+        plan = placement.plan(spec, placement.cuda_device_count(), self.base_env)
+        self.result = RunResult(
+            ranks=[RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
+                   for r in range(spec.world_size)],
+            world_size=spec.world_size, log_dir=log_dir, started_at=time.time(), script=self.cell_path)
+        self.store, port = host_for(spec)
+        self.result.master_port = port
+        self.emit("launch_started", self.result, spec, plan.backend)
+        if plan.note:
+            self.note(plan.note)
+        run_id = str(uuid.uuid4())
+        forget = preload.stale()  # preloaded user modules edited since: the ranks re-import them
+        ranks, jobs = [], []
+        for res in self.result.ranks:
+            r = res.rank
+            res.stdout_path = os.path.join(log_dir, f"rank{r}.stdout")
+            res.stderr_path = os.path.join(log_dir, f"rank{r}.stderr")
+            rank = Rank(res, os.path.join(log_dir, f"rank{r}.stacks"), os.path.join(log_dir, f"rank{r}.sigint"))
+            env = rank_env(spec, r, master_port=port, run_id=run_id,
+                           error_file=os.path.join(log_dir, f"rank{r}.error.json"), base_env=self.base_env)
+            # One stdlib pickle, sent over the rank's job pipe: multiprocess would pickle it with
+            # dill (pure Python, ~3 ms a rank), and a spare forked earlier gets it the same way.
+            jobs.append(pickle.dumps({
+                "rank": r, "env": env, "cwd": self.cwd, "sys_path": list(sys.path),
+                "argv": [self.cell_path] + legacy_argv(spec, r) + list(spec.script_args),
+                "cell_path": self.cell_path, "cell_label": self.cell_label, "source": self.source_text, "func": self.func,
+                "stack_path": rank.stack_path, "sigint_path": rank.sigint_path,
+                "pull": [name.split("@")[0] for name in spec.pull], "backend": plan.backend,
+                "push": self.push, "pool": False, "forget": forget,
+            }, protocol=pickle.HIGHEST_PROTOCOL))
+            ranks.append(rank)
+        self.use_spares = spares.usable(spec, pool_mode=False)
+        restarted = self.procs.start(ranks, jobs, spec.start_method, duplex=False, use_spares=self.use_spares)
+        if restarted:
+            self.note(restarted)
+
+    # ------------------------------------------------------------------- Source
+    def busy(self) -> bool:
+        return any(rank.alive for rank in self.procs.ranks)
+
+    def poll(self, timeout: float) -> None:
+        self.procs.poll(timeout)
+
+    def _on_exit(self, rank: Rank) -> None:
+        if rank.lingered:  # ended by nbddp after its cell finished: the cell's own code counts
+            rank.result.exitcode = rank.finished[0]
+        settle(rank.result, rank.stop, rank.sent)
+        self.emit("rank_exited", rank.result)
+
+    def failure(self) -> str | None:
+        """Fail-fast, a moment after the first failure (as torchrun's monitor interval), so
+        ranks failing the same way at about the same time each report their own error."""
+        if not self.busy():
+            return None
+        bad = next((r.result for r in self.procs.ranks
+                    if r.stop is None and not r.alive and r.result.state in (FAILED, KILLED)), None)
+        if bad is None or time.time() - bad.ended_at < FAILFAST_DELAY_S:
+            return None
+        return f"after rank {bad.rank} failed"
+
+    def signal(self, sig: int, reason: str, why: str, spare_handlers: bool = False) -> None:
+        """``sig`` to the live ranks; fail-fast's SIGTERM spares ranks whose cell has ended
+        already (they are exiting by themselves, with their own code), SIGKILL does not."""
+        self.procs.signal([r for r in self.procs.ranks
+                           if not (spare_handlers and r.handling())
+                           and not (reason == "failfast" and sig != signal.SIGKILL and r.ended)],
+                          sig, reason, why)
+
+    def end_lingering(self, limit: float) -> None:
+        """A rank whose cell finished but whose process has not exited ``limit`` s later is
+        stuck in its exit (torch's teardown, a thread, an atexit handler): say so in one line
+        and end it; its result is its cell's own (torchrun would wait forever)."""
+        now = time.monotonic()
+        for rank in self.procs.ranks:
+            if rank.alive and rank.finished and not rank.lingered and now - rank.finished[1] > limit:
+                rank.lingered = True
+                self.note(f"rank {rank.result.rank} finished its cell (exit code {rank.finished[0]}) "
+                          f"but its process had not exited {limit:.0f} s later (stuck in its exit: "
+                          "torch's teardown, a thread or an atexit handler); nbddp ended it")
+                self.procs.kill_rank(rank)
+
+    def handling(self) -> list[int]:
+        return [r.result.rank for r in self.procs.ranks if r.handling()]
+
+    def kill_now(self) -> None:
+        self.procs.kill_now()
+
+    def stack_targets(self) -> list:
+        return [(r.result, r.process.pid, r.stack_path) for r in self.procs.ranks if r.alive and r.started]
+
+    def close(self) -> None:
+        self.procs.close()
+        self.store = None
+
+    def finish(self) -> None:
+        if self.use_spares and not self.result.interrupted:
+            spares.refill(len(self.procs.ranks))  # for the next cell, while the user reads this one

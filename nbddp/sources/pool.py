@@ -1,0 +1,375 @@
+"""Persistent workers: ranks that keep their model, optimizer and process group between cells,
+like ipyparallel's engines, with nbddp's environment, views and diagnostics.
+
+The pool's ranks (``PoolRanks``) are a process source under nbddp/sources/supervisor.py, one
+supervised launch per cell: the cell is sent to the ranks, which serve cell after cell
+(worker._serve); a cell hands out a fresh RunResult, so ``_ddp``, views and DDPError work as
+for a fresh job. A rank that dies (or does not return from an interrupt) breaks the pool: its
+process group cannot be mended; the cell raises, ``status()`` says what happened,
+``restart()`` brings up a clean pool.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+import uuid
+from dataclasses import replace
+
+from IPython.core.error import UsageError
+
+from nbddp.kernel import cellscript
+from nbddp.core import diagnosis
+from nbddp.kernel import logdirs
+from nbddp.core import placement
+from nbddp.kernel import pushing
+from nbddp.sources import supervisor
+from nbddp.core.cellnames import log_label
+from nbddp.core.envvars import legacy_argv, rank_env
+from nbddp.sources.rankprocs import Rank, RankProcs
+from nbddp.sources.rendezvous import host_for
+from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RankResult, RunResult
+from nbddp.core.spec import LaunchSpec, make_spec
+from nbddp.sources.supervisor import Source, Supervisor, ended_by_nbddp, settle
+
+FAILED_PEER_GRACE_S = 3.0  # a rank raised: how long the others may finish before being interrupted
+STOP_WAIT_S = 2.0          # a polite "stop" before signals
+IDLE, BUSY, BROKEN, STOPPED = "ready", "running a cell", "broken", "stopped"
+
+
+class PoolRanks(Source):
+    """The pool's processes; one cell at a time is their launch."""
+
+    FIRST_SIGNAL = {"failfast": signal.SIGINT, "timeout": signal.SIGINT, "interrupt": signal.SIGINT}
+    persistent = True
+
+    def __init__(self, pool: "Pool"):
+        self.pool = pool
+        self.procs = RankProcs(on_exit=self._on_exit, on_message=self._on_message, emit=self._emit)
+        self.pending: set[int] = set()
+        self.peer_failed_at: float | None = None
+        self.deferred: dict[int, tuple[str, str]] = {}  # SIGINT for ranks that have not begun
+        self.cell: dict | None = None
+
+    def _emit(self, *args) -> None:
+        self.emit(*args)
+
+    @property
+    def interrupted_note(self) -> str:
+        return ("interrupted: ranks did not stop in time, so the pool was ended" if self.pool.state == BROKEN
+                else "interrupted: the cell was stopped on every rank")
+
+    # ----------------------------------------------------------------- a cell
+    def start(self) -> None:
+        """Hand the cell to its ranks (they are running already)."""
+        self.emit("launch_started", self.result, self.pool.spec, self.pool.backend)
+        warning = diagnosis.collective_warning(self.source_text, self.cell["targets"], self.pool.spec.world_size)
+        if warning:
+            self.note(warning)
+        self.pending, self.peer_failed_at, self.deferred = set(), None, {}
+        targets = self.cell.pop("targets")
+        for rank in self.procs.ranks:
+            res = rank.result
+            rank.stop, rank.sent, rank.ended, rank.began = None, set(), False, False
+            if res.rank in targets and rank.alive:
+                res.state, res.started_at = RUNNING, time.time()
+                try:
+                    rank.ctl.send(("exec", self.cell))
+                except (OSError, ValueError, AttributeError):
+                    continue  # it died meanwhile: its exit breaks the pool
+                self.pending.add(res.rank)
+                self.emit("rank_started", res)
+            elif res.rank not in targets:
+                res.state, res.cause = OK, diagnosis.NOT_TARGETED
+
+    def busy(self) -> bool:
+        return bool(self.pending) and any(r.alive for r in self.procs.ranks)
+
+    def poll(self, timeout: float) -> None:
+        self.procs.poll(timeout)
+
+    def _on_message(self, rank: Rank, message) -> None:
+        if message[0] == "began":  # the rank runs the cell: an interrupt that waited goes now
+            rank.began = True
+            if rank.result.rank in self.deferred:
+                self.procs.signal([rank], signal.SIGINT, *self.deferred.pop(rank.result.rank))
+            return
+        if message[0] != "done":
+            return
+        self.procs.drain_now(rank)
+        rank.ended = True
+        res = rank.result
+        self.pending.discard(res.rank)
+        res.ended_at = time.time()
+        if message[1] == "ok":
+            res.state, res.cause = OK, ""
+        elif message[1] == "interrupted" and signal.SIGINT in rank.sent:
+            res.state = TIMED_OUT if self.result.timed_out else INTERRUPTED
+            res.cause = "stopped in the cell"
+        else:
+            res.state, res.exitcode = FAILED, None
+            res.cause = diagnosis.describe_failure(res.exception, None)
+            if self.peer_failed_at is None and self.pending:
+                self.peer_failed_at = time.monotonic()
+        self.emit("rank_exited", res)
+
+    def _on_exit(self, rank: Rank) -> None:
+        res = rank.result
+        was_pending = res.rank in self.pending
+        self.pending.discard(res.rank)
+        if was_pending or self.pool.state != BUSY:
+            settle(res, rank.stop, rank.sent)
+            if was_pending and rank.stop is not None and ended_by_nbddp(res.exitcode, res.exception, rank.sent):
+                res.cause = "did not return from the cell; the pool was ended"
+            self.emit("rank_exited", res)
+        if self.pool.state != STOPPED:
+            self.pool.state = BROKEN
+            if not self.pool.why_broken:
+                self.pool.why_broken = (f"rank {res.rank} {res.cause or res.state} "
+                                        f"{'during' if was_pending else 'after'} cell {self.pool.cells_run}")
+
+    def failure(self) -> str | None:
+        if not self.pending:
+            return None
+        died = next((r.result for r in self.procs.ranks if not r.alive and r.stop is None), None)
+        if died is not None:
+            return f"after rank {died.rank} ended"
+        if self.peer_failed_at is not None and time.monotonic() - self.peer_failed_at > FAILED_PEER_GRACE_S:
+            who = [r.rank for r in self.result.ranks if r.state == FAILED]
+            self.note(f"rank {who[0]} failed in this cell while ranks "
+                      f"{','.join(map(str, sorted(self.pending)))} were still running it; interrupting them")
+            return f"after rank {who[0]} failed"
+        return None
+
+    def signal(self, sig: int, reason: str, why: str, spare_handlers: bool = False) -> None:
+        """SIGINT: the ranks still in the cell. Anything harder ends the whole pool: a rank
+        that did not return from the cell leaves a process group that cannot be mended."""
+        if sig == signal.SIGINT:  # a rank that has not begun the cell yet gets it when it does
+            pending = [r for r in self.procs.ranks if r.result.rank in self.pending]
+            for rank in pending:
+                self.procs.read_ctl(rank)
+            self.procs.signal([r for r in pending if r.began], sig, reason, why)
+            for rank in pending:
+                if not rank.began and rank.result.rank in self.pending:
+                    rank.stop = rank.stop or (reason, why)
+                    self.deferred[rank.result.rank] = (reason, why)
+            return
+        stuck = [r for r in self.procs.ranks if r.alive and r.result.rank in self.pending]
+        if not stuck or (spare_handlers and all(r.handling() for r in stuck)):
+            return
+        if self.pool.state != BROKEN:
+            self.pool.state = BROKEN
+            self.pool.why_broken = (f"{diagnosis._plural('rank', sorted(r.result.rank for r in stuck))} "
+                                    f"did not stop after SIGINT ({reason}), blocked in C code such as a collective")
+        self.procs.signal(self.procs.ranks, sig, reason, "when the pool was ended")
+
+    def handling(self) -> list[int]:
+        return [r.result.rank for r in self.procs.ranks if r.result.rank in self.pending and r.handling()]
+
+    def kill_now(self) -> None:
+        self.procs.kill_now()
+
+    def stack_targets(self) -> list:
+        return [(r.result, r.process.pid, r.stack_path) for r in self.procs.ranks
+                if r.alive and r.started and r.result.rank in self.pending]
+
+    def close(self) -> None:
+        for rank in self.procs.ranks:
+            for log in rank.logs.values():
+                log.flush()
+
+    def finish(self) -> None:
+        if self.pool.state == BUSY:
+            self.pool.state = IDLE if all(r.alive for r in self.procs.ranks) else BROKEN
+        if self.pool.state == BROKEN:
+            if not self.pool.why_broken:
+                self.pool.why_broken = f"a rank ended during cell {self.pool.cells_run}"
+            rest = [r for r in self.procs.ranks if r.alive]  # their process group is gone
+            self.procs.signal(rest, signal.SIGKILL, "failfast", "when the pool broke")
+            for rank in rest:
+                self.procs.reap(rank, wait=5.0)
+
+
+class Pool:
+    """``Pool(n=4).start()``, then ``pool.run(source)`` as often as needed, then ``stop()``."""
+
+    def __init__(self, spec: LaunchSpec | None = None, *, cwd: str | None = None,
+                 base_env: dict | None = None, **options):
+        spec = spec or make_spec(**options)
+        self.spec = replace(spec, timeout=None, ranks_shown=None, push=(), pull=())
+        self.cwd = os.path.abspath(cwd or os.getcwd())
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.state = STOPPED
+        self.why_broken = ""
+        self.cells_run = 0
+        self.started_wall = 0.0
+        self.store = None
+        self.master_port = None
+        self.backend_note = ""
+        self.source = PoolRanks(self)
+
+    @property
+    def ranks(self) -> list[Rank]:
+        """The pool's rank handles (each with its current ``result``)."""
+        return self.source.procs.ranks
+
+    # --------------------------------------------------------------- lifecycle
+    def start(self) -> "Pool":
+        if self.state in (IDLE, BUSY):
+            return self
+        interrupts = []
+        with supervisor.sigint_deferred(lambda *_: interrupts.append(1)):
+            try:
+                self._start()
+            except BaseException:
+                self.stop()
+                raise
+            if interrupts:
+                self.stop()
+        if interrupts:
+            raise Interrupted("nbddp: interrupted while starting the pool; its ranks were stopped")
+        return self
+
+    def _start(self) -> None:
+        spec = self.spec
+        self.source = source = PoolRanks(self)
+        self.log_root = logdirs.new_log_dir(spec.log_dir, hold=True)  # kept while the pool lives
+        self.store, port = host_for(spec)
+        self.master_port = port
+        plan = placement.plan(spec, placement.cuda_device_count(), self.base_env)
+        self.backend, self.backend_note = plan.backend, plan.note
+        source.result = self._fresh_result(self.log_root)
+        supervisor.register(source)
+        run_id = str(uuid.uuid4())
+        cell_path = os.path.join(self.log_root, "cell.py")
+        ranks, jobs = [], []
+        for res in source.result.ranks:
+            r = res.rank
+            rank = Rank(res, os.path.join(self.log_root, f"rank{r}.stacks"),
+                        os.path.join(self.log_root, f"rank{r}.sigint"))
+            env = rank_env(spec, r, master_port=port, run_id=run_id,
+                           error_file=os.path.join(self.log_root, f"rank{r}.error.json"), base_env=self.base_env)
+            jobs.append(pickle.dumps({
+                "rank": r, "env": env, "cwd": self.cwd, "sys_path": list(sys.path),
+                "argv": [cell_path] + legacy_argv(spec, r) + list(spec.script_args),
+                "cell_path": cell_path, "source": "", "func": None, "stack_path": rank.stack_path,
+                "sigint_path": rank.sigint_path, "pull": [], "backend": self.backend, "push": None,
+                "pool": True,
+            }, protocol=pickle.HIGHEST_PROTOCOL))
+            ranks.append(rank)
+        restarted = source.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=False)
+        if restarted:
+            print(f"nbddp: {restarted}")
+        self.started_wall = time.time()
+        self.state, self.why_broken, self.cells_run = IDLE, "", 0
+
+    def stop(self) -> None:
+        """End every rank (a polite 'stop' first, then signals) and release the port."""
+        with supervisor.sigint_deferred(lambda *_: self.source.kill_now()):  # again: no more grace
+            self.state = STOPPED
+            procs = self.source.procs
+            for rank in procs.ranks:
+                if rank.alive and rank.ctl is not None:
+                    try:
+                        rank.ctl.send(("stop",))
+                    except (OSError, ValueError):
+                        pass
+            deadline = time.monotonic() + STOP_WAIT_S
+            while any(r.alive for r in procs.ranks) and time.monotonic() < deadline:
+                procs.poll(0.05)
+            procs.close()  # SIGKILL for what is left
+            supervisor.unregister(self.source)
+            self.source = PoolRanks(self)
+            self.store = None
+            logdirs.release(getattr(self, "log_root", None))  # its logs now age like any launch's
+
+    def restart(self) -> "Pool":
+        self.stop()
+        return self.start()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def status(self) -> str:
+        spec = self.spec
+        shape = f"{spec.world_size} ranks ({spec.nnodes} node{'s' if spec.nnodes > 1 else ''} x {spec.nproc_per_node})"
+        if self.state == STOPPED:
+            return "nbddp pool: stopped"
+        up = time.time() - self.started_wall
+        lines = [f"nbddp pool: {shape}, {self.state}; up {up:.0f} s, {self.cells_run} cells run, "
+                 f"MASTER_PORT {self.master_port}, logs in {self.log_root}"]
+        if self.backend_note:
+            lines.append(self.backend_note)
+        if self.state == BROKEN:
+            lines.append(f"broken: {self.why_broken}. Use %ddp_pool restart (or pool.restart()).")
+        for rank in self.ranks:
+            alive = "alive" if rank.alive else f"ended ({rank.result.cause or rank.result.state})"
+            lines.append(f"  rank {rank.result.rank}: pid {rank.result.pid}, {alive}")
+        return "\n".join(lines)
+
+    # -------------------------------------------------------------------- cells
+    def run(self, source: str, *, ranks=None, timeout: float | None = None, push: dict | None = None,
+            pull=(), sinks=(), check: bool = True, header: str = "", cell_label: str | None = None) -> RunResult:
+        """Run ``source`` on ``ranks`` (default all) of the live pool; returns this cell's RunResult.
+        ``cell_label`` names the cell in tracebacks and stacks ("Cell In[3]")."""
+        if self.state == BROKEN:
+            raise UsageError(f"%%ddp: the pool is broken ({self.why_broken}); run %ddp_pool restart, "
+                             f"or %%ddp --fresh for a separate job")
+        if self.state != IDLE:
+            raise UsageError("%%ddp: no pool is running; start one with %ddp_pool start -n N")
+        world = self.spec.world_size
+        targets = sorted(set(range(world) if ranks is None else ranks))
+        bad = [r for r in targets if not 0 <= r < world]
+        if bad:
+            raise UsageError(f"%%ddp: --ranks {','.join(map(str, bad))} outside 0..{world - 1}")
+        payload = pushing.pack(push)  # one shared file, read by every rank
+        script = cellscript.create(self.cwd, source)  # this cell's __file__, beside the notebook
+        try:
+            self.cells_run += 1
+            cell_dir = logdirs.new_cell_dir(self.log_root, self.cells_run)
+            log_copy = os.path.join(cell_dir, "cell.py")
+            with open(log_copy, "w", opener=logdirs.private) as f:
+                f.write(source)
+            cell_path = script or log_copy
+            src = self.source
+            src.source_text, src.cell_path = source, cell_path
+            src.cell_label = cell_label = cell_label or log_label(log_copy)
+            src.result = self._fresh_result(cell_dir)
+            src.result.script = cell_path
+            for rank in src.procs.ranks:
+                rank.open_logs()
+            src.cell = {"source": source, "cell_path": cell_path, "cell_label": cell_label,
+                        "push": payload, "pull": list(pull), "targets": targets}
+            self.state = BUSY
+            try:
+                result = Supervisor(src, replace(self.spec, timeout=timeout), sinks).run()
+            finally:
+                src.emit = Source.emit.__get__(src)  # between cells nothing listens
+                if self.state == BUSY:
+                    self.state = IDLE if all(r.alive for r in src.procs.ranks) else BROKEN
+        finally:
+            cellscript.remove(script)
+            pushing.discard(payload)  # the cell has ended on every rank: no one reads it
+        if check:
+            result.raise_for_status()
+        return result
+
+    def _fresh_result(self, log_dir: str) -> RunResult:
+        spec = self.spec
+        ranks = []
+        handles = self.ranks
+        for r in range(spec.world_size):
+            res = RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
+            res.stdout_path = os.path.join(log_dir, f"rank{r}.stdout")
+            res.stderr_path = os.path.join(log_dir, f"rank{r}.stderr")
+            if r < len(handles):
+                res.pid = handles[r].result.pid
+                handles[r].result = res
+            ranks.append(res)
+        return RunResult(ranks=ranks, world_size=spec.world_size, log_dir=log_dir,
+                         master_port=self.master_port, started_at=time.time())

@@ -1,0 +1,211 @@
+"""``%%ddp --launcher slurm``: the cell runs on a Slurm allocation, one torchrun per node.
+
+A thin variant of the torchrun launcher (nbddp/sources/torchrun.py): the agent command becomes
+``srun ... bash slurm-node.sh``, where each Slurm task (one per node) starts
+``python -m torch.distributed.run`` for its node's ranks, meeting at a c10d rendezvous on the
+step's first node. srun carries every node's ``[rankN]:`` lines back to the kernel, so the live
+display, ``_ddp``, the per-rank errors and ``--timeout`` are the torchrun launcher's.
+
+Inside an allocation (``salloc``, or a notebook running in a batch job: ``SLURM_JOB_ID`` is set)
+the cell is a job step; elsewhere srun asks for a new job. The supervisor (nbddp/sources/supervisor.py)
+decides when to stop, as for every launch; here an interrupt reaches the ranks as
+``scancel --signal=INT`` of the step, and anything harder also ``scancel``s the step or job and
+waits until Slurm lists it no more, so nothing stays queued or running. The cell, its log folder and the kernel's Python must be
+visible at the same paths on every node (a shared filesystem, as for any Slurm job).
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+
+from IPython.core.error import UsageError
+
+from nbddp.sources.torchrun import ElasticLaunch
+from nbddp.core.result import RunResult
+from nbddp.sources.slurm_script import agent_extras, wants_gpus
+from nbddp.core.spec import LaunchSpec
+
+CANCEL_WAIT_S = 15.0
+NODE_SCRIPT = """#!/bin/bash
+# One Slurm task per node (written by nbddp): torchrun starts this node's ranks; all nodes meet
+# at a c10d rendezvous on the step's first node, on a port taken from the job and step ids.
+set -eu
+echo "$SLURM_JOB_ID $SLURM_STEP_ID" > {step_file}
+head_node=$(scontrol show hostnames "${{SLURM_STEP_NODELIST:-$SLURM_JOB_NODELIST}}" | head -n 1)
+rdzv_port=$((29500 + (SLURM_JOB_ID * 8 + SLURM_STEP_ID) % 10000))
+exec {python} -m torch.distributed.run --nnodes="$SLURM_STEP_NUM_NODES" {options} \\
+  --rdzv-backend=c10d --rdzv-endpoint="$head_node:$rdzv_port" --rdzv-id="$SLURM_JOB_ID.$SLURM_STEP_ID" \\
+  "$@"
+"""
+
+
+class SlurmLaunch(ElasticLaunch):
+    """One launch through ``srun`` + torchrun: ``SlurmLaunch(spec, source=...).run()`` → RunResult.
+
+    The torchrun agent source (nbddp/sources/torchrun.py) under the same supervisor, with srun as the
+    agent: it varies the command, how the agent is stopped (Slurm signals and cancels the
+    remote ranks), which ranks can be reached by pid, and srun's own errors as the cause."""
+
+    interrupted_note = "interrupted: the Slurm step, its torchrun and all its ranks were stopped"
+    script_beside_notebook = False  # every node reads the cell from .nbddp-slurm/ (or --log-dir)
+
+    def __init__(self, spec: LaunchSpec, *, source: str, sinks=(), cwd: str | None = None,
+                 base_env: dict | None = None, device_count: int | None = None):
+        cwd = os.path.abspath(cwd or os.getcwd())
+        if not spec.log_dir:  # every node reads the cell and writes its status here: not /tmp
+            root = os.path.join(cwd, ".nbddp-slurm")
+            os.makedirs(root, exist_ok=True)
+            spec = replace(spec, log_dir=tempfile.mkdtemp(prefix="launch-", dir=root))
+        super().__init__(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env,
+                         device_count=0 if device_count is None else device_count)
+        self.allocation = self.base_env.get("SLURM_JOB_ID")
+        self.job_name = f"nbddp-{os.path.basename(spec.log_dir)}"
+        self.cancelled = False
+
+    def agent_options(self) -> list[str]:
+        return [f"--nproc-per-node={self.spec.nproc_per_node}"] + agent_extras(self.spec)
+
+    def expected_ranks(self) -> list[tuple[int, int, int]]:
+        k = self.spec.nproc_per_node
+        return [(r, r % k, r // k) for r in range(self.spec.world_size)]
+
+    def command(self, cell_path: str) -> list[str]:
+        log_dir = self.result.log_dir
+        self.step_file = os.path.join(log_dir, "slurm-step")
+        node_script = os.path.join(log_dir, "slurm-node.sh")
+        with open(node_script, "w") as f:
+            f.write(NODE_SCRIPT.format(step_file=shlex.quote(self.step_file),
+                                       python=shlex.quote(sys.executable),
+                                       options=" ".join(self.options)))
+        spec = self.spec
+        srun = ["srun", f"--nodes={spec.nnodes}", f"--ntasks={spec.nnodes}", "--ntasks-per-node=1",
+                f"--cpus-per-task={spec.nproc_per_node}", "--kill-on-bad-exit=1", f"--job-name={self.job_name}"]
+        if wants_gpus(spec):
+            srun.append(f"--gpus-per-node={spec.nproc_per_node}")
+        for flag, value in (("--partition", spec.partition), ("--account", spec.account),
+                            ("--time", spec.time_limit)):
+            if value:
+                srun.append(f"{flag}={value}")
+        return (srun + ["bash", node_script, "--tee=3", f"--log-dir={os.path.join(log_dir, 'torchrun')}",
+                        "-m", "nbddp.rank.torchrun_rank", cell_path] + list(spec.script_args))
+
+    def stop_agent(self, sig: int) -> None:
+        """srun and Slurm stand between the kernel and the ranks. SIGINT goes to the step's
+        tasks through Slurm (as Ctrl-C in a terminal: torchrun's own shutdown follows); anything
+        harder also goes to srun and cancels the step or job, queued ones included. When to send
+        which signal is the supervisor's (nbddp/sources/supervisor.py)."""
+        if sig == signal.SIGINT and not self.cancelled:
+            job, step = self._step()
+            if step is not None:  # running: every node's torchrun and ranks get the interrupt
+                _run(["scancel", "--signal=INT", f"{job}.{step}"])
+                return
+            # still queued or starting: nothing runs a handler yet, so cancel outright
+        super().stop_agent(sig)
+        self.cancel()
+
+    def close(self) -> None:
+        super().close()
+        if self.cancelled:
+            self._wait_gone()
+
+    # ------------------------------------------------- ranks on other nodes
+    def _here(self, status: dict) -> bool:
+        return status.get("host", socket.gethostname()) == socket.gethostname()
+
+    def _rank_pids(self) -> dict[int, int]:
+        """Only this machine's ranks can be signalled (or asked for stacks) by pid; Slurm
+        reaches the others."""
+        return {r: pid for r, pid in super()._rank_pids().items() if self._here(self.seen[r])}
+
+    # -------------------------------------------------------------- result
+    def finish(self) -> None:
+        super().finish()
+        if self._srun_errors():  # srun, not torchrun, is the agent the kernel watched
+            for res in self.result.ranks:
+                if res.cause.startswith("never started (torchrun ended"):
+                    res.cause = "never started (srun ended before this rank ran)"
+
+    def _srun_errors(self) -> list[str]:
+        return [line.strip() for line in self.agent_lines if line.startswith("srun: error:")]
+
+    def _agent_failure(self, text: str, rc: int) -> str:
+        errors = self._srun_errors()
+        if not errors:
+            return super()._agent_failure(text, rc)
+        log = os.path.join(self.result.log_dir, "agent.log")
+        return f"srun exited with code {rc}: {errors[0][len('srun: error: '):][:300]} (srun's log: {log})"
+
+    # ------------------------------------------------------------ cancelling
+    def cancel(self) -> None:
+        """scancel this cell's step (inside an allocation) or job, once."""
+        if self.cancelled or self.proc is None:
+            return
+        self.cancelled = True
+        job, step = self._step()
+        if self.allocation:
+            if step is None:
+                return  # srun's end withdraws a step that never started
+            target = [f"{job}.{step}"]
+        else:
+            target = [job] if job else [f"--name={self.job_name}", f"--user={_user()}"]
+        _run(["scancel"] + target)
+
+    def _step(self) -> tuple[str | None, str | None]:
+        try:
+            with open(self.step_file) as f:
+                job, step = f.read().split()
+            return job, step
+        except (OSError, ValueError, AttributeError):
+            return None, None
+
+    def _wait_gone(self) -> None:
+        """Until squeue lists the job (or step) no more: nothing of the cell still holds nodes."""
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        job, step = self._step()
+        while time.monotonic() < deadline:
+            if self.allocation:
+                out = _run(["squeue", "-h", "-s", "-j", self.allocation, "-o", "%i"]) if step else ""
+                left = f"{job}.{step}" in (out or "").split()
+            else:
+                left = bool(_run(["squeue", "-h", "-n", self.job_name, "-u", _user(), "-o", "%i"]))
+            if not left:
+                return
+            time.sleep(0.2)
+        self.note(f"Slurm still lists {self.job_name} {CANCEL_WAIT_S:g} s after scancel")
+
+
+def _user() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def check_available(env: dict | None = None) -> None:
+    """A clear UsageError where Slurm's commands are missing (not a FileNotFoundError)."""
+    import shutil
+
+    if shutil.which("srun", path=(env or os.environ).get("PATH")) is None:
+        raise UsageError("%%ddp: --launcher slurm needs Slurm's srun on this machine's PATH "
+                         "(run the notebook on a cluster's login node, or inside salloc)")
+
+
+def run_cell(source: str, spec: LaunchSpec, sinks=(), cwd: str | None = None,
+             base_env: dict | None = None) -> RunResult:
+    """What the magic calls for ``--launcher slurm``."""
+    check_available(base_env)
+    launch = SlurmLaunch(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env)
+    return launch.run()
+
