@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is 
                                 or not os.path.exists("/usr/bin/python3"),
                                 reason="needs root (to act as a second user, nobody) and runuser")
 
-PRIVNET = os.path.join(os.path.dirname(__file__), "..", "nbddp", "privnet.py")
+PRIVNET = os.path.join(os.path.dirname(__file__), "..", "nbddp", "forkserver", "privnet.py")
 
 CELL = """%%ddp -n 2 --output text --push secret
 import os, time, torch, torch.distributed as dist
