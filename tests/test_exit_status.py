@@ -3,7 +3,8 @@ every earlier child: the rank starts in starter.start_all's threads, the spares'
 read, the same true code for all; multiprocess alone gives some of them 255 (the status pipe
 read empty by the second reader)."""
 import threading
-import time
+
+from multiprocess.connection import wait
 
 import nbddp.sources.rankprocs  # noqa: F401 - what the launcher imports
 from nbddp.forkserver import starter
@@ -21,7 +22,8 @@ def test_an_exit_code_polled_by_several_threads_at_once_is_the_true_one():
     for _ in range(30):
         process = ctx.Process(target=_exit_7)
         starter.start(process)
-        time.sleep(0.05)  # it has exited: its status waits in the pipe
+        # it has exited and its status waits in the pipe (a fixed sleep was too short on a busy machine)
+        assert wait([process.sentinel], 30)
         barrier = threading.Barrier(4)
 
         def poll():
