@@ -189,14 +189,15 @@ def test_torchrun_launcher_runs_the_script_beside_the_notebook(kernel):
     folder = cwd_of(kernel)
     n = prompt_number(kernel)
     reply = kernel.execute("""%%ddp --launcher torchrun -n 2
-import os, sys
-print("TR", os.path.dirname(__file__) == os.getcwd(), sys.argv[0] == __file__, os.path.exists(__file__))
+import os, sys, torch.distributed as dist
+print("TR", os.path.dirname(__file__) == os.getcwd(), sys.argv[0] == __file__, os.path.exists(__file__), flush=True)
+dist.init_process_group("gloo"); dist.barrier()  # rank 0 has printed before rank 1 fails it
 if os.environ["RANK"] == "1":
     raise ValueError("under torchrun")
 """, timeout=120)
     text = report(reply)
     assert reply.text.count("TR True True True") == 2, reply.text
-    assert f"Cell In[{n}], line 5, in <module>" in reply.text + text, reply.text + text
+    assert f"Cell In[{n}], line 6, in <module>" in reply.text + text, reply.text + text
     assert left_behind(folder) == []
 
 
