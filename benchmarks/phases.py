@@ -31,7 +31,7 @@ def _wrap(owner, name, label):
 
 
 def install() -> None:
-    from nbddp import api
+    from nbddp.core import spec
     from nbddp.sources import forkranks
     from nbddp.sources import local as launcher
     from nbddp.sources import rankprocs
@@ -39,7 +39,7 @@ def install() -> None:
     from nbddp.sources import supervisor
     from nbddp.views import choose as views
 
-    _wrap(api, "compile_cell", "compile")
+    _wrap(spec, "check_cell", "compile")
     _wrap(views, "make_sinks", "sinks")
     _wrap(forkranks, "host_store", "store")
     _wrap(launcher, "new_log_dir", "logdir")

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from nbddp.api import run
 from nbddp.sources.pool import Pool
+from nbddp.core.errors import DDPUsageError
 from nbddp.core.result import DDPError, DDPTimeout, RankResult, RunResult
 from nbddp.core.spec import LaunchSpec, make_spec, parse_line
 
-__all__ = ["run", "backend", "Pool", "DDPError", "DDPTimeout", "RankResult", "RunResult", "LaunchSpec", "make_spec",
+__all__ = ["run", "backend", "Pool", "DDPError", "DDPTimeout", "DDPUsageError", "RankResult", "RunResult", "LaunchSpec", "make_spec",
            "parse_line", "load_ipython_extension", "unload_ipython_extension"]
 __version__ = "0.1.0"
 

@@ -1,66 +1,111 @@
 """The Python API under the magic: ``nbddp.run(source_or_callable, n=4, ...)``.
 
-Scripts, tests and other tools use the same engine as ``%%ddp``."""
+Every launch comes through here, from ``%%ddp`` (nbddp/magic.py parses its line and calls
+``run``), from ``nbddp.Pool.run`` and from scripts and tests: the options become a LaunchSpec and
+every rule is checked (nbddp/core/spec.py: a DDPUsageError, a ValueError, before anything
+starts); ``spec.choose_source`` picks the process source from ``SOURCES``, the one table (fresh
+local ranks, the running pool, torchrun's agent, Slurm); the sinks are built once
+(nbddp/views/choose.py); the RunResult comes back."""
 from __future__ import annotations
 
-import ast
-
-from IPython.core.error import UsageError
 import os
+from dataclasses import dataclass
 
 from nbddp.core import placement
-
-from nbddp.sources.local import Launch
-from nbddp.core.spec import LaunchSpec, make_spec
-from nbddp.views.textview import TextView
+from nbddp.core import spec as rules
+from nbddp.core.result import RunResult
+from nbddp.core.spec import LaunchSpec
+from nbddp.views import choose
 
 
 def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec | None = None,
-        sinks=None, check: bool = True, cwd: str | None = None, env_base: dict | None = None,
-        push: dict | None = None, cell_label: str | None = None, **options):
+        pool=None, sinks=None, shell=None, check: bool = True, cwd: str | None = None,
+        env_base: dict | None = None, push: dict | None = None, cell_label: str | None = None,
+        **options) -> RunResult:
     """Run ``target`` (a cell's source text, or a callable) on ranked workers; returns RunResult.
 
     Options are those of ``%%ddp`` with underscores (``nproc_per_node=2, nnodes=2,
-    master_port=29500, timeout=10, env={...}``). With ``check`` (the default) a failed launch
+    master_port=29500, timeout=10, env={...}, launcher="torchrun"``), or a whole ``spec``.
+    ``pool``: a started ``nbddp.Pool`` runs the cell on its ranks (unless ``fresh=True``).
+    ``sinks``: where the events go (default: as ``--output`` chooses for ``shell``, text
+    outside a kernel; ``[]`` shows nothing). With ``check`` (the default) a failed launch
     raises DDPError (DDPTimeout on timeout) after all output was shown. ``cell_label`` names
     the source in tracebacks and stacks (``%%ddp`` gives "Cell In[N]"; by default the copy in
-    the launch's log folder).
+    the launch's log folder). Bad input raises DDPUsageError before anything starts.
     """
-    if spec is None:
-        spec = make_spec(n=n, **options)
-    placement.plan(spec, placement.cuda_device_count(), env_base if env_base is not None else dict(os.environ))
-    source = func = None
-    if isinstance(target, str):
-        source = target
-        compile_cell(source)
-    elif callable(target):
-        func = target
-    else:
+    spec = rules.given_or_made(spec, n, options, shape=pool.spec if pool is not None else None)
+    if not isinstance(target, str) and not callable(target):
         raise TypeError(f"nbddp.run needs source text or a callable, got {type(target).__name__}")
+    func = None if isinstance(target, str) else target
+    kind = rules.choose_source(spec, pool=None if pool is None else pool.spec,
+                               pool_ready=pool is None or pool.ready, why_broken=getattr(pool, "why_broken", ""),
+                               func=func is not None, push=bool(push), args=bool(args or kwargs),
+                               own_env=cwd is not None or env_base is not None)
+    source = target if func is None else None
+    if source is not None:
+        rules.check_cell(source)
+    if spec.export:
+        from nbddp import export
+
+        export.export_source(spec.export, source, spec)
     if sinks is None:
-        sinks = [TextView(spec)]
-    launch = Launch(spec, source=source, func=func, args=args, kwargs=kwargs, sinks=sinks,
-                    cwd=cwd, base_env=env_base, push=push, cell_label=cell_label)
-    result = launch.run()
+        sinks = choose.make_sinks(spec, shell)
+    result = SOURCES[kind](_Launch(spec, source, func, args, kwargs, list(sinks), cwd, env_base,
+                                   push, cell_label, pool))
     if check:
         result.raise_for_status()
     return result
 
 
-def compile_cell(source: str) -> None:
-    """Report the cell's SyntaxError here, once, before any rank starts: as a UsageError, which
-    IPython shows as just the message (no frames from inside nbddp or IPython), and which
-    still fails the cell for papermill. Line numbers are the notebook cell's."""
-    try:
-        ast.parse(source, filename="<%%ddp cell>")
-    except SyntaxError as exc:
-        where = f"cell line {exc.lineno}" if exc.lineno else "the cell"
-        text = [f"%%ddp: {where} has a syntax error, so no rank was started:"]
-        if exc.text:
-            code = exc.text.rstrip("\n")
-            text.append("    " + code.strip())
-            if exc.offset:
-                indent = len(code) - len(code.lstrip())
-                text.append("    " + " " * max(0, exc.offset - 1 - indent) + "^")
-        text.append(f"SyntaxError: {exc.msg}")
-        raise UsageError("\n".join(text)) from None
+@dataclass(frozen=True)
+class _Launch:
+    """What every source's entry is given (each takes what it uses)."""
+
+    spec: LaunchSpec
+    source: str | None
+    func: object
+    args: tuple
+    kwargs: dict | None
+    sinks: list
+    cwd: str | None
+    env_base: dict | None
+    push: dict | None
+    cell_label: str | None
+    pool: object
+
+
+def _fresh(launch: _Launch) -> RunResult:
+    """New ranks from the forkserver (nbddp/sources/local.py)."""
+    from nbddp.sources.local import Launch
+
+    base_env = launch.env_base if launch.env_base is not None else dict(os.environ)
+    placement.plan(launch.spec, placement.cuda_device_count(), base_env)  # a bad --gpus stops here
+    return Launch(launch.spec, source=launch.source, func=launch.func, args=launch.args,
+                  kwargs=launch.kwargs, sinks=launch.sinks, cwd=launch.cwd, base_env=launch.env_base,
+                  push=launch.push, cell_label=launch.cell_label).run()
+
+
+def _on_pool(launch: _Launch) -> RunResult:
+    """The running pool's ranks, state kept (nbddp/sources/pool.py)."""
+    return launch.pool.run_cell(launch.source, launch.spec, sinks=launch.sinks, push=launch.push,
+                                cell_label=launch.cell_label)
+
+
+def _torchrun(launch: _Launch) -> RunResult:
+    """torch's elastic agent runs the cell as a script (nbddp/sources/torchrun.py)."""
+    from nbddp.sources import torchrun
+
+    return torchrun.run_cell(launch.source, launch.spec, sinks=launch.sinks, cwd=launch.cwd,
+                             base_env=launch.env_base, cell_label=launch.cell_label)
+
+
+def _slurm(launch: _Launch) -> RunResult:
+    """srun runs torchrun on each node of an allocation (nbddp/sources/slurm.py)."""
+    from nbddp.sources import slurm
+
+    return slurm.run_cell(launch.source, launch.spec, sinks=launch.sinks, cwd=launch.cwd,
+                          base_env=launch.env_base)
+
+
+SOURCES = {"local": _fresh, "pool": _on_pool, "torchrun": _torchrun, "slurm": _slurm}
+assert set(SOURCES) == set(rules.SOURCES)

@@ -11,9 +11,7 @@ import os
 import shlex
 from dataclasses import replace
 
-from IPython.core.error import UsageError
-
-from nbddp.core.spec import LaunchSpec, parse_line
+from nbddp.core.spec import LaunchSpec, check_cell, check_script_name, parse_line
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
 
@@ -43,9 +41,9 @@ def launcher_words(spec: LaunchSpec) -> list[str]:
     return ["torchrun"] if spec.legacy_launch is None else ["python", "-m", "torch.distributed.launch"]
 
 
-def script_text(cell: str, line: str, spec: LaunchSpec, script: str) -> str:
+def script_text(body: str, spec: LaunchSpec, script: str) -> str:
+    """The script: ``body`` (the cell, after its ``# %%ddp …`` line), then the commands as comments."""
     commands = node_commands(spec, os.path.basename(script))
-    body = f"# %%ddp {line.strip()}\n{cell}"
     if not body.endswith("\n"):
         body += "\n"
     lines = ["", "", "# ---- exported by nbddp from a %%ddp cell; run it with torchrun:"]
@@ -73,23 +71,34 @@ def _addr_note(spec: LaunchSpec) -> str:
 
 
 def export_cell(path: str, cell: str, line: str = "", spec: LaunchSpec | None = None, out=None) -> list[str]:
-    """Write ``cell`` to ``path`` as a torchrun script, print the commands; returns them."""
-    import sys
-
-    if not path or not path.endswith(".py"):
-        raise UsageError(f"%ddp_export: the script name must end in .py, got {path!r}")
+    """Write ``cell`` (run as ``%%ddp line``) to ``path`` as a torchrun script, print the
+    commands; returns them."""
+    check_script_name(path, "%ddp_export")
     if spec is None:
         spec = parse_line(line)
         if spec is None:
             return []
-    import ast
-
-    try:
-        ast.parse(cell, filename="<%%ddp cell>")
-    except SyntaxError as exc:
-        raise UsageError(f"%ddp_export: the cell is not plain Python (line {exc.lineno}: {exc.msg})") from None
     line = _without_export(line)
-    text = script_text(cell, line, spec, path)
+    body = f"# %%ddp {line.strip()}\n{cell}"
+    check_cell(body, "%ddp_export", "so nothing was written")
+    return _write(path, body, line, spec, out)
+
+
+def export_source(path: str, source: str, spec: LaunchSpec, out=None) -> list[str]:
+    """``nbddp.run(source, export=path)``: ``source`` as the script (a ``# %%ddp …`` first line,
+    as the magic gives, loses its ``--export``); the caller checked its syntax."""
+    first, newline, rest = source.partition("\n")
+    line = ""
+    if first.startswith("# %%ddp "):
+        line = _without_export(first[len("# %%ddp "):])
+        source = f"# %%ddp {line}{newline}{rest}"
+    return _write(path, source, line, spec, out)
+
+
+def _write(path: str, body: str, line: str, spec: LaunchSpec, out) -> list[str]:
+    import sys
+
+    text = script_text(body, spec, path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     with open(path, "w") as f:

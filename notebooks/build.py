@@ -668,7 +668,7 @@ def _04():
         can be shown on this CPU machine for an imagined node with 4 GPUs:
         """),
         code("""
-        from IPython.core.error import UsageError
+        from nbddp import DDPUsageError
         from nbddp.core.spec import make_spec
         from nbddp.core.placement import plan
         for line, gpus in (("-n 4", None), ("-n 2 --gpus 1,3", (1, 3))):
@@ -680,7 +680,7 @@ def _04():
         print("-n 8 --backend auto on 4 GPUs:", plan(make_spec(n=8), device_count=4).note)
         try:
             plan(make_spec(n=8, backend="nccl"), device_count=4)
-        except UsageError as exc:
+        except DDPUsageError as exc:   # a ValueError; %%ddp shows it as a UsageError
             too_many = str(exc)
         print("-n 8 --backend nccl on 4 GPUs:", too_many)
         """),

@@ -93,6 +93,19 @@ def test_usage_errors_before_anything_starts(kernel):
     assert not torchruns(kernel)
 
 
+def test_python_api_run_with_launcher_torchrun_runs_under_torchrun(kernel):
+    cell = ALL_REDUCE + ("print('parent', open(f'/proc/{os.getppid()}/cmdline').read().split(chr(0))[:3])\n")
+    reply = kernel.ok(f"import nbddp\nr = nbddp.run({cell!r}, n=2, launcher='torchrun', timeout=120)", timeout=180)
+    for r in range(2):
+        assert f"[rank{r}]:sum {r} 2 1.0\n" in reply.stdout, reply.text
+        assert f"[rank{r}]:parent ['{sys.executable}', '-m', 'torch.distributed.run']" in reply.stdout, reply.text
+    kernel.ok("import os; assert os.path.isdir(os.path.join(r.log_dir, 'torchrun')), r.log_dir")
+    reply = kernel.execute("nbddp.run(lambda: 1, n=2, launcher='torchrun')")
+    assert reply.error and reply.error["ename"] == "DDPUsageError", reply.text
+    assert "--launcher torchrun runs the cell as a script" in reply.error["evalue"]
+    assert not torchruns(kernel)
+
+
 def test_two_kernels_form_one_two_node_job(kernel, tmp_path):
     port = free_port()
     line = (f"%%ddp --launcher torchrun --nnodes 2 --nproc-per-node 1 --rdzv-endpoint 127.0.0.1:{port} "

@@ -1,6 +1,6 @@
 """GPU placement rules, on CPU: the device count is passed in at the boundary (no torch mocking)."""
 import pytest
-from IPython.core.error import UsageError
+from nbddp import DDPUsageError
 
 from nbddp.core import placement
 from nbddp.core.envvars import rank_env
@@ -66,7 +66,7 @@ def test_per_node_with_several_nodes():
     ("-n 2 --backend nccl", 0, "nccl needs CUDA devices"),
 ])
 def test_impossible_placements_are_one_line_usage_errors(line, count, words):
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(DDPUsageError) as info:
         placement.plan(spec(line), count)
     message = str(info.value)
     assert words in message and "\n" not in message

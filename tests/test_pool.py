@@ -131,6 +131,23 @@ def test_fresh_cell_while_pool_runs_and_shape_mismatch(pool_kernel):
     assert reply.status == "error" and "a pool of 3 ranks is running" in reply.stderr
 
 
+def test_restart_help_only_prints_it_and_the_pool_takes_no_other_launcher(pool_kernel):
+    k = pool_kernel
+    pids = _pids(k)
+    reply = k.ok("%ddp_pool restart -h")
+    assert "usage: %%ddp" in reply.stdout and "nbddp pool:" not in reply.stdout, reply.stdout
+    reply = k.execute("%ddp_pool restart --launcher torchrun -n 2")
+    assert reply.status == "error" and reply.stderr.startswith(
+        "UsageError: %ddp_pool: a pool runs on the local launcher only, not --launcher torchrun"), reply.stderr
+    assert _pids(k) == pids and alive(pids) == pids  # the same 3 ranks serve on
+    assert "3 ranks (1 node x 3), ready" in k.ok("%ddp_pool status").stdout
+    # from Python, the same entry as nbddp.run: the pool's ranks, shown as text
+    reply = k.ok("pool = type(get_ipython().find_magic('ddp_pool').__self__).pool\n"
+                 "r = pool.run('import os; print(\"on\", os.getpid())', ranks=[1])\n"
+                 "assert [x.state for x in r.ranks] == ['ok'] * 3, r.summary()")
+    assert f"[rank1]:on {pids[1]}" in reply.stdout, reply.text
+
+
 def test_kernel_shutdown_ends_the_pool(fresh_kernel):
     fresh_kernel.ok("%ddp_pool start -n 2")
     pids = _pids(fresh_kernel)

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from IPython.core.error import UsageError
+from nbddp import DDPUsageError
 
 from kernel import Kernel, alive
 from nbddp.sources.slurm_script import sbatch_options, sbatch_text
@@ -103,7 +103,7 @@ def test_the_job_runs_the_kernels_interpreter_where_it_exists(tmp_path, kernel_p
     ("--launcher slurm --rdzv-endpoint h:1", "--rdzv-endpoint is for a real multi-node job"),
 ])
 def test_bad_slurm_options_are_usage_errors(line, words):
-    with pytest.raises(UsageError, match=re.escape(words)):
+    with pytest.raises(DDPUsageError, match=re.escape(words)):
         parse_line(line)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from IPython.core.error import UsageError
+from nbddp.core.errors import DDPUsageError
 
 
 @dataclass(frozen=True)
@@ -44,19 +44,19 @@ def _visible(base_env: dict | None, device_count: int) -> list[str]:
 
 def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
     """The placement for ``spec`` on a machine with ``device_count`` CUDA devices.
-    Raises UsageError (one line) for a choice that cannot work."""
+    Raises DDPUsageError (one line) for a choice that cannot work."""
     gpus = getattr(spec, "gpus", None)
     nproc = spec.nproc_per_node
     visible = _visible(base_env, device_count)
     if gpus is not None:
         if device_count == 0:
-            raise UsageError(f"%%ddp: --gpus {_join(gpus)} asks for CUDA devices, but this machine has none "
+            raise DDPUsageError(f"%%ddp: --gpus {_join(gpus)} asks for CUDA devices, but this machine has none "
                              "(omit --gpus to run on CPU with gloo)")
         if len(set(gpus)) != len(gpus):
-            raise UsageError(f"%%ddp: --gpus {_join(gpus)} names a device twice")
+            raise DDPUsageError(f"%%ddp: --gpus {_join(gpus)} names a device twice")
         bad = [g for g in gpus if g >= device_count]
         if bad:
-            raise UsageError(f"%%ddp: --gpus {_join(bad)}: this machine has {device_count} CUDA device"
+            raise DDPUsageError(f"%%ddp: --gpus {_join(bad)}: this machine has {device_count} CUDA device"
                              f"{'s' if device_count != 1 else ''} (0..{device_count - 1})")
         devices = tuple(gpus)
     else:
@@ -71,9 +71,9 @@ def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
                     f"(nccl needs one GPU per rank; use -n {len(devices)} per node for nccl)")
     if backend == "nccl":
         if not devices:
-            raise UsageError("%%ddp: --backend nccl needs CUDA devices and this machine has none; use gloo")
+            raise DDPUsageError("%%ddp: --backend nccl needs CUDA devices and this machine has none; use gloo")
         if nproc > len(devices):
-            raise UsageError(f"%%ddp: {nproc} ranks per node but {len(devices)} GPU"
+            raise DDPUsageError(f"%%ddp: {nproc} ranks per node but {len(devices)} GPU"
                              f"{'s' if len(devices) != 1 else ''} "
                              f"{'chosen' if gpus is not None else 'here'} (nccl needs one GPU per rank): "
                              f"use -n {len(devices)}, more --gpus, or --backend gloo")

@@ -1,6 +1,8 @@
 """LaunchSpec: what one ``%%ddp`` launch should look like, parsed from the magic's line.
 
-Pure logic: no processes, no display. Every bad argument becomes a ``UsageError`` with a
+Pure logic: no processes, no display. Every rule about what a launch may ask for lives here
+(the line's options, what fits a launcher, a running pool or ``%ddp_pool``'s commands, the
+cell's syntax); each bad argument becomes a ``DDPUsageError`` (nbddp/core/errors.py) with a
 one-line reason, raised before anything starts.
 """
 from __future__ import annotations
@@ -11,9 +13,8 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 
-from IPython.core.error import UsageError
-
 from nbddp.core.envvars import LAUNCHER_OWNED
+from nbddp.core.errors import DDPUsageError
 
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 START_METHODS = ("forkserver", "spawn")
@@ -74,16 +75,16 @@ class LaunchSpec:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports problems as UsageError instead of exiting the kernel."""
+    """argparse that reports problems as DDPUsageError instead of exiting the kernel."""
 
     def error(self, message):  # noqa: D401 - argparse API
         # "argument -n/--world-size/--np: -n must be…" reads better without the alias list
         message = re.sub(r"^argument [^:]+: (?=-|port|not a|[A-Za-z-]+ (must|takes))", "", message)
-        raise UsageError(f"%%ddp: {message}")
+        raise DDPUsageError(f"%%ddp: {message}")
 
     def exit(self, status=0, message=None):
         if message:
-            raise UsageError(f"%%ddp: {message.strip()}")
+            raise DDPUsageError(f"%%ddp: {message.strip()}")
         raise _HelpShown()
 
 
@@ -272,7 +273,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
     try:
         words = shlex.split(line, comments=False, posix=True)
     except ValueError as exc:
-        raise UsageError(f"%%ddp: cannot split the line: {exc}") from None
+        raise DDPUsageError(f"%%ddp: cannot split the line: {exc}") from None
     script_args: list[str] = []
     if "--" in words:
         cut = words.index("--")
@@ -284,7 +285,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
     except _HelpShown:  # argparse's -h already printed the help
         return None
     if shape is not None and ns.n is None and ns.nproc_per_node is None and ns.nnodes == 1:
-        ns.nproc_per_node, ns.nnodes = shape.nproc_per_node, shape.nnodes
+        ns.nproc_per_node, ns.nnodes = shape.nproc_per_node, shape.nnodes  # the pool's shape
     return make_spec(n=ns.n, nproc_per_node=ns.nproc_per_node, nnodes=ns.nnodes, node_rank=ns.node_rank,
                      master_addr=ns.master_addr, master_port=ns.master_port, backend=ns.backend,
                      timeout=ns.timeout, idle_warning=ns.idle_warning, env=dict(ns.env),
@@ -313,26 +314,30 @@ def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: i
               **options) -> LaunchSpec:
     """Build a LaunchSpec from keyword options (the Python API's entry), checking them all."""
     if nnodes < 1:
-        raise UsageError(f"%%ddp: --nnodes must be at least 1, got {nnodes}")
+        raise DDPUsageError(f"%%ddp: --nnodes must be at least 1, got {nnodes}")
     for name, value in (("-n", n), ("--nproc-per-node", nproc_per_node)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(f"%%ddp: {name} must be a whole number of at least 1, got {value!r}")
+            raise DDPUsageError(f"%%ddp: {name} must be a whole number of at least 1, got {value!r}")
     if nproc_per_node is None:
         total = 1 * nnodes if n is None else n
         if total % nnodes:
-            raise UsageError(f"%%ddp: -n {total} ranks cannot be split evenly over --nnodes {nnodes}")
+            raise DDPUsageError(f"%%ddp: -n {total} ranks cannot be split evenly over --nnodes {nnodes}")
         nproc_per_node = total // nnodes
     elif n is not None and n != nproc_per_node * nnodes:
-        raise UsageError(f"%%ddp: -n {n} disagrees with --nproc-per-node {nproc_per_node} x "
+        raise DDPUsageError(f"%%ddp: -n {n} disagrees with --nproc-per-node {nproc_per_node} x "
                          f"--nnodes {nnodes} = {nproc_per_node * nnodes}")
     env = options.pop("env", None) or {}
     if isinstance(env, dict):
         env = tuple(env.items())
     for key, value in env:
         if not _ENV_KEY.match(str(key)):
-            raise UsageError(f"%%ddp: --env key {key!r} is not a valid variable name")
+            raise DDPUsageError(f"%%ddp: --env key {key!r} is not a valid variable name")
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes,
                       env=tuple((str(k), str(v)) for k, v in env))
+    unknown = sorted(set(options) - _FIELDS)
+    if unknown:
+        raise DDPUsageError(f"%%ddp: unknown option{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(map(repr, unknown))} (the options are %%ddp's, with underscores)")
     options = {k: v for k, v in options.items() if v is not None or k in ("timeout", "idle_warning")}
     for key in ("script_args", "push", "pull", "sbatch"):
         if key in options:
@@ -341,56 +346,285 @@ def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: i
         options["ranks_shown"] = tuple(options["ranks_shown"])
     if options.get("gpus") is not None:
         options["gpus"] = tuple(options["gpus"])
-    try:
-        spec = replace(spec, **options)
-    except TypeError as exc:
-        raise UsageError(f"%%ddp: {exc}") from None
+    spec = replace(spec, **options)
     _check(spec)
     return spec
 
 
+_FIELDS = frozenset(LaunchSpec.__dataclass_fields__) - {"nproc_per_node", "nnodes", "env", "extra"}
+
+
+def given_or_made(spec: LaunchSpec | None, n: int | None = None, options: dict | None = None,
+                  shape: LaunchSpec | None = None) -> LaunchSpec:
+    """The Python API's spec: the one the caller gave (checked again: a LaunchSpec can be built by
+    hand), or one made from keyword options; both at once is refused. ``shape`` (a running pool's
+    spec) gives the number of ranks and nodes when the options name none."""
+    options = dict(options or {})
+    if spec is not None:
+        if n is not None or options:
+            raise DDPUsageError(f"%%ddp: give spec= or options, not both (got spec= and "
+                                f"{', '.join(['n'] * (n is not None) + sorted(options))})")
+        _check(spec)
+        return spec
+    if shape is not None and n is None and not {"nproc_per_node", "nnodes"} & set(options):
+        options.update(nproc_per_node=shape.nproc_per_node, nnodes=shape.nnodes)
+    return make_spec(n=n, **options)
+
+
 def _check(spec: LaunchSpec) -> None:
     if spec.backend not in BACKENDS:
-        raise UsageError(f"%%ddp: --backend must be one of {', '.join(BACKENDS)}, got {spec.backend!r}")
+        raise DDPUsageError(f"%%ddp: --backend must be one of {', '.join(BACKENDS)}, got {spec.backend!r}")
     if spec.start_method not in START_METHODS:
-        raise UsageError(f"%%ddp: --start-method must be one of {', '.join(START_METHODS)}")
+        raise DDPUsageError(f"%%ddp: --start-method must be one of {', '.join(START_METHODS)}")
     if spec.output not in OUTPUTS:
-        raise UsageError(f"%%ddp: --output must be one of {', '.join(OUTPUTS)}, got {spec.output!r}")
+        raise DDPUsageError(f"%%ddp: --output must be one of {', '.join(OUTPUTS)}, got {spec.output!r}")
     if spec.launcher not in LAUNCHERS:
-        raise UsageError(f"%%ddp: --launcher must be one of {', '.join(LAUNCHERS)}, got {spec.launcher!r}")
+        raise DDPUsageError(f"%%ddp: --launcher must be one of {', '.join(LAUNCHERS)}, got {spec.launcher!r}")
     if spec.master_port is not None and not 1 <= int(spec.master_port) <= 65535:
-        raise UsageError(f"%%ddp: port must be between 1 and 65535, got {spec.master_port}")
+        raise DDPUsageError(f"%%ddp: port must be between 1 and 65535, got {spec.master_port}")
     if spec.timeout is not None and not spec.timeout > 0:
-        raise UsageError(f"%%ddp: --timeout must be more than 0 seconds, got {spec.timeout}")
+        raise DDPUsageError(f"%%ddp: --timeout must be more than 0 seconds, got {spec.timeout}")
     if spec.ranks_shown is not None:
         bad = [r for r in spec.ranks_shown if not 0 <= r < spec.world_size]
         if bad:
-            raise UsageError(f"%%ddp: --ranks {','.join(map(str, bad))} outside 0..{spec.world_size - 1}")
+            raise DDPUsageError(f"%%ddp: --ranks {','.join(map(str, bad))} outside 0..{spec.world_size - 1}")
     if spec.node_rank is not None:
         if spec.launcher != "torchrun":
-            raise UsageError("%%ddp: --node-rank runs one node of a real multi-node job: "
+            raise DDPUsageError("%%ddp: --node-rank runs one node of a real multi-node job: "
                              "use it with --launcher torchrun (the local launcher simulates all nodes)")
         if spec.node_rank >= spec.nnodes:
-            raise UsageError(f"%%ddp: --node-rank {spec.node_rank} must be below --nnodes {spec.nnodes}")
+            raise DDPUsageError(f"%%ddp: --node-rank {spec.node_rank} must be below --nnodes {spec.nnodes}")
     if not spec.master_addr:
-        raise UsageError("%%ddp: --master-addr must not be empty")
+        raise DDPUsageError("%%ddp: --master-addr must not be empty")
     for key, _ in spec.env:
         if key in LAUNCHER_OWNED:
-            raise UsageError(f"%%ddp: --env {key}=…: the launcher sets {key} for each rank, as torchrun "
+            raise DDPUsageError(f"%%ddp: --env {key}=…: the launcher sets {key} for each rank, as torchrun "
                              f"does; {LAUNCHER_OWNED[key]}")
     if spec.launcher != "torchrun":
         for name, value in (("--rdzv-endpoint", spec.rdzv_endpoint), ("--rdzv-id", spec.rdzv_id),
                             ("--rdzv-timeout", spec.rdzv_timeout)):
             if value is not None:
-                raise UsageError(f"%%ddp: {name} is for a real multi-node job: use it with --launcher torchrun")
+                raise DDPUsageError(f"%%ddp: {name} is for a real multi-node job: use it with --launcher torchrun")
     if spec.launcher != "slurm" and not spec.slurm:
         for name, value in (("--partition", spec.partition), ("--account", spec.account),
                             ("--time", spec.time_limit), ("--sbatch", spec.sbatch or None)):
             if value is not None:
-                raise UsageError(f"%%ddp: {name} is a Slurm option: use it with --launcher slurm, "
+                raise DDPUsageError(f"%%ddp: {name} is a Slurm option: use it with --launcher slurm, "
                                  "or with --export SCRIPT.py --slurm")
     if spec.launcher == "slurm" and spec.sbatch and not spec.slurm:
-        raise UsageError("%%ddp: --sbatch lines are for the exported job (--export SCRIPT.py --slurm); "
+        raise DDPUsageError("%%ddp: --sbatch lines are for the exported job (--export SCRIPT.py --slurm); "
                          "a --launcher slurm cell takes --partition, --account and --time")
+    if spec.launcher == "torchrun" and spec.nnodes > 1 and not spec.rdzv_endpoint:
+        if spec.master_port is None:
+            raise DDPUsageError(f"%%ddp: --nnodes {spec.nnodes} with --launcher torchrun needs a meeting point "
+                                "every node can reach: --rdzv-endpoint HOST:PORT (c10d), or "
+                                "--master-addr HOST --master-port PORT with --node-rank")
+        if spec.node_rank is None:
+            raise DDPUsageError("%%ddp: with --master-addr/--master-port (static rendezvous) each node needs "
+                                f"its --node-rank (0..{spec.nnodes - 1}); or use --rdzv-endpoint HOST:PORT")
+    if spec.launcher != "local" and (spec.push or spec.pull):
+        raise DDPUsageError(_NO_VALUES_ACROSS.format(launcher=spec.launcher))
+    for item in spec.pull:
+        name, _, rank = item.partition("@")
+        if rank and not int(rank) < spec.world_size:
+            raise DDPUsageError(f"%%ddp: --pull {item}: rank {rank} outside 0..{spec.world_size - 1}")
+    if spec.export is not None:
+        check_script_name(spec.export, "%%ddp: --export")
     if spec.rdzv_endpoint is not None and not re.match(r"^\[?[^\s\[\]]+\]?(:\d{1,5})?$", spec.rdzv_endpoint):
-        raise UsageError(f"%%ddp: --rdzv-endpoint takes HOST[:PORT], got {spec.rdzv_endpoint!r}")
+        raise DDPUsageError(f"%%ddp: --rdzv-endpoint takes HOST[:PORT], got {spec.rdzv_endpoint!r}")
+
+
+_NO_VALUES_ACROSS = ("%%ddp: --push/--pull move values between the notebook and the local launcher's "
+                     "ranks; with --launcher {launcher}, save and load files instead")
+
+
+def check_script_name(path: str, who: str) -> None:
+    if not path or not path.endswith(".py"):
+        raise DDPUsageError(f"{who}: the script name must end in .py, got {path!r}")
+
+
+def check_cell(source: str, who: str = "%%ddp", so: str = "so no rank was started") -> None:
+    """The cell's syntax, checked here only, once, before any rank starts: a SyntaxError becomes
+    a DDPUsageError that IPython shows as just the message (no frames from inside nbddp or
+    IPython) and that still fails the cell for papermill. Line numbers are the notebook
+    cell's (the magic's own line is line 1 of ``source``)."""
+    import ast
+
+    try:
+        ast.parse(source, filename="<%%ddp cell>")
+    except SyntaxError as exc:
+        where = f"cell line {exc.lineno}" if exc.lineno else "the cell"
+        text = [f"{who}: {where} has a syntax error, {so}:"]
+        if exc.text:
+            code = exc.text.rstrip("\n")
+            text.append("    " + code.strip())
+            if exc.offset:
+                indent = len(code) - len(code.lstrip())
+                text.append("    " + " " * max(0, exc.offset - 1 - indent) + "^")
+        text.append(f"SyntaxError: {exc.msg}")
+        raise DDPUsageError("\n".join(text)) from None
+
+
+# ------------------------------------------------------------ which source runs a launch
+SOURCES = ("local", "pool", "torchrun", "slurm")  # the keys of nbddp/api.py's table
+
+
+def choose_source(spec: LaunchSpec, *, pool: LaunchSpec | None = None, pool_ready: bool = True,
+                  why_broken: str = "", func: bool = False, push: bool = False, args: bool = False,
+                  own_env: bool = False) -> str:
+    """Which process source runs a launch of ``spec`` (one of SOURCES), after the rules that tie
+    a launch to its source. ``pool``: a started pool's spec (None: no pool), ready or not (and why
+    it broke); ``func``: the target is a callable, not source text; ``push``: values to send;
+    ``args``: args/kwargs for the target; ``own_env``: cwd or env_base given."""
+    if spec.slurm and not spec.export:
+        raise DDPUsageError("%%ddp: --slurm writes a Slurm job next to the exported script: "
+                            "use it with --export SCRIPT.py (or %ddp_export SCRIPT.py --slurm)")
+    if func and spec.export:
+        raise DDPUsageError("%%ddp: --export writes the cell's source as a script: give source text, "
+                            "not a callable")
+    if args and not func:
+        raise DDPUsageError("%%ddp: args and kwargs are for a callable; a cell's source text takes "
+                            "script arguments (script_args=[...], or after -- on the %%ddp line)")
+    if spec.launcher != "local":
+        if func:
+            raise DDPUsageError(f"%%ddp: --launcher {spec.launcher} runs the cell as a script: give its "
+                                "source text (a callable runs on nbddp's own ranks: the local launcher)")
+        if push:
+            raise DDPUsageError(_NO_VALUES_ACROSS.format(launcher=spec.launcher))
+        return spec.launcher
+    if pool is None or spec.fresh:
+        return "local"
+    if not pool_ready:
+        raise DDPUsageError(f"%%ddp: the pool is broken ({why_broken}); run %ddp_pool restart, or "
+                            "%%ddp --fresh for a separate job" if why_broken else
+                            "%%ddp: no pool is running; start one with %ddp_pool start -n N")
+    if func:
+        raise DDPUsageError("%%ddp: a pool runs cells given as source text; run a callable as a "
+                            "fresh job (fresh=True)")
+    if own_env:
+        raise DDPUsageError("%%ddp: cwd and env_base are the pool's own (Pool(cwd=..., base_env=...)); "
+                            "give them to Pool, or run a fresh job (fresh=True)")
+    check_fits_pool(spec, pool)
+    return "pool"
+
+
+# ------------------------------------------------------------------- the pool
+# Options that shape a job: a cell on a running pool cannot change them.
+SHAPE_FIELDS = ("master_addr", "master_port", "backend", "env", "legacy_launch", "start_method",
+                "script_args", "launcher", "gpus")
+POOL_USAGE = "usage: %ddp_pool start [%%ddp launch options] | status | restart | stop"
+POOL_COMMANDS = ("start", "status", "restart", "stop")
+
+
+def check_fits_pool(spec: LaunchSpec, pool: LaunchSpec) -> None:
+    """A cell on a running pool runs on its ranks as they are: it cannot change their shape."""
+    default = LaunchSpec()
+    changed = [name for name, mine, theirs in (("-n", spec.world_size, pool.world_size),
+                                               ("--nnodes", spec.nnodes, pool.nnodes),
+                                               ("--nproc-per-node", spec.nproc_per_node, pool.nproc_per_node))
+               if mine != theirs]
+    changed += [f"--{name.replace('_', '-')}" for name in SHAPE_FIELDS
+                if getattr(spec, name) != getattr(default, name) and getattr(spec, name) != getattr(pool, name)]
+    if changed:
+        raise DDPUsageError(f"%%ddp: a pool of {pool.world_size} ranks is running, so {changed[0]} cannot "
+                            f"change here; use --fresh for a separate job, or %ddp_pool restart with new options")
+
+
+def check_pool_spec(spec: LaunchSpec) -> None:
+    """A pool is nbddp's own ranks, kept between cells: the local launcher only."""
+    if spec.launcher != "local":
+        raise DDPUsageError(f"%ddp_pool: a pool runs on the local launcher only, not --launcher "
+                            f"{spec.launcher} (whose ranks end with each cell: run such cells with "
+                            f"%%ddp --launcher {spec.launcher})")
+
+
+@dataclass(frozen=True)
+class PoolCommand:
+    """One ``%ddp_pool`` line, checked."""
+
+    command: str                     # one of POOL_COMMANDS
+    spec: LaunchSpec | None = None   # the new pool's (start; restart with options)
+    help_only: bool = False          # -h printed the help: do nothing else
+
+
+def parse_pool_line(line: str, *, running: bool, exists: bool) -> PoolCommand:
+    """``%ddp_pool start [options]`` · ``status`` · ``restart [options]`` · ``stop``, checked
+    against the pool there is (``exists``: one was started; ``running``: it serves cells)."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise DDPUsageError(f"%ddp_pool: cannot split the line: {exc}") from None
+    if not words:
+        raise DDPUsageError(f"%ddp_pool: {POOL_USAGE}")
+    command, rest = words[0], shlex.join(words[1:])
+    if command not in POOL_COMMANDS:
+        raise DDPUsageError(f"%ddp_pool: unknown command {command!r}; {POOL_USAGE}")
+    if command in ("status", "stop"):
+        if rest:
+            raise DDPUsageError(f"%ddp_pool: {command} takes no options, got {rest!r}")
+        return PoolCommand(command)
+    if command == "start" and running:
+        raise DDPUsageError("%ddp_pool: a pool is already running; %ddp_pool stop it first, "
+                            "or %ddp_pool restart")
+    if command == "restart" and not exists:
+        raise DDPUsageError("%ddp_pool: no pool to restart; %ddp_pool start -n N")
+    if command == "restart" and not rest:
+        return PoolCommand(command)  # the same pool again
+    spec = parse_line(rest)
+    if spec is None:
+        return PoolCommand(command, help_only=True)
+    check_pool_spec(spec)
+    return PoolCommand(command, spec)
+
+
+# ---------------------------------------------------------------- %ddp_export
+_SLURM_JOB_FLAGS = ("--slurm", "--partition", "--account", "--time", "--sbatch")
+
+
+def parse_export_line(line: str, last_line: str | None, with_cell: bool) -> tuple[str, str]:
+    """``%ddp_export SCRIPT.py [options]`` → (script, the %%ddp options to export with). Without
+    a cell of its own (``with_cell`` False) it exports the last ``%%ddp`` cell (``last_line``:
+    its line, None before any): no options means that cell's, and options that only shape the
+    Slurm job (``--slurm``, ``--partition``, …) are added to that cell's."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise DDPUsageError(f"%ddp_export: cannot split the line: {exc}") from None
+    if not words:
+        raise DDPUsageError("%ddp_export: usage: %ddp_export SCRIPT.py [%%ddp options]")
+    path, options = words[0], shlex.join(words[1:])
+    check_script_name(path, "%ddp_export")
+    if with_cell:
+        return path, options
+    if last_line is None:
+        raise DDPUsageError("%ddp_export: no %%ddp cell has run yet; run one, or use "
+                            "%%ddp_export SCRIPT.py [options] with the cell below")
+    if not options or _only_slurm_job_options(words[1:]):
+        last = shlex.split(last_line)
+        cut = last.index("--") if "--" in last else len(last)
+        options = shlex.join(last[:cut] + words[1:] + last[cut:])
+    return path, options
+
+
+def _only_slurm_job_options(words: list[str]) -> bool:
+    """True for options that only shape the exported Slurm job (not the cell's ranks)."""
+    i = 0
+    while i < len(words):
+        flag = words[i].split("=", 1)[0]
+        if flag not in _SLURM_JOB_FLAGS:
+            return False
+        i += 1 if (flag == "--slurm" or "=" in words[i]) else 2
+    return bool(words)
+
+
+# ------------------------------------------------------------ private network
+def check_private_net(spec: LaunchSpec, env_name: str, master_is_loopback: bool) -> None:
+    """With a private network for the kernel's ranks (``env_name``=1, nbddp/forkserver/privnet.py)
+    they reach nothing beyond its loopback, and only the forkserver's children are inside it."""
+    if spec.start_method == "spawn":
+        raise DDPUsageError("%%ddp: --start-method spawn starts ranks outside the private network "
+                            f"that {env_name}=1 gives this kernel's ranks; use the forkserver")
+    if not master_is_loopback:
+        raise DDPUsageError(f"%%ddp: --master-addr {spec.master_addr} is not this machine's loopback, "
+                            f"but with {env_name}=1 ranks reach nothing beyond a private loopback; "
+                            f"use --launcher torchrun to meet other machines")

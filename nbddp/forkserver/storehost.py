@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from IPython.core.error import UsageError
+from nbddp.core.errors import DDPUsageError
 
 ANSWER_S = 30.0  # a TCPStore starts in milliseconds; past this the host is stuck
 
@@ -39,7 +39,7 @@ def serve(conn) -> None:
             continue
         try:
             store, port = host_store(request[1], request[2])
-        except UsageError as exc:
+        except DDPUsageError as exc:
             conn.send(("error", str(exc)))
             continue
         stores[port] = store
@@ -77,9 +77,9 @@ def host(master_addr: str, port: int | None):
         if reply[0] != "ok":
             if not reply[1].startswith("%%ddp:"):
                 _stop()  # the next launch starts a new host
-                raise UsageError(f"%%ddp: could not start the rendezvous store in the private "
+                raise DDPUsageError(f"%%ddp: could not start the rendezvous store in the private "
                                  f"network: {reply[1]}")
-            raise UsageError(reply[1])
+            raise DDPUsageError(reply[1])
     return HostedStore(reply[1]), reply[1]
 
 
@@ -104,7 +104,7 @@ def _running():
     child.close()
     if not conn.poll(ANSWER_S):
         process.kill()
-        raise UsageError("%%ddp: the rendezvous store host did not start")
+        raise DDPUsageError("%%ddp: the rendezvous store host did not start")
     _host.update(conn=conn, process=process, net=conn.recv()[1])
     return conn
 

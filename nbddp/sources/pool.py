@@ -18,8 +18,6 @@ import time
 import uuid
 from dataclasses import replace
 
-from IPython.core.error import UsageError
-
 from nbddp.kernel import cellscript
 from nbddp.core import diagnosis
 from nbddp.kernel import logdirs
@@ -31,7 +29,7 @@ from nbddp.core.envvars import legacy_argv, rank_env
 from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RankResult, RunResult
-from nbddp.core.spec import LaunchSpec, make_spec
+from nbddp.core.spec import LaunchSpec, check_pool_spec, given_or_made
 from nbddp.sources.supervisor import Source, Supervisor, ended_by_nbddp, settle
 
 FAILED_PEER_GRACE_S = 3.0  # a rank raised: how long the others may finish before being interrupted
@@ -193,11 +191,14 @@ class PoolRanks(Source):
 
 
 class Pool:
-    """``Pool(n=4).start()``, then ``pool.run(source)`` as often as needed, then ``stop()``."""
+    """``Pool(n=4).start()``, then ``pool.run(source)`` as often as needed, then ``stop()``.
+    Options as ``nbddp.run``'s (or a whole ``spec``); a pool is nbddp's own ranks, so another
+    ``launcher`` is refused (DDPUsageError)."""
 
     def __init__(self, spec: LaunchSpec | None = None, *, cwd: str | None = None,
                  base_env: dict | None = None, **options):
-        spec = spec or make_spec(**options)
+        spec = given_or_made(spec, options.pop("n", None), options)
+        check_pool_spec(spec)
         self.spec = replace(spec, timeout=None, ranks_shown=None, push=(), pull=())
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -209,6 +210,11 @@ class Pool:
         self.master_port = None
         self.backend_note = ""
         self.source = PoolRanks(self)
+
+    @property
+    def ready(self) -> bool:
+        """Started, not broken, and not running a cell: the next cell can run."""
+        return self.state == IDLE
 
     @property
     def ranks(self) -> list[Rank]:
@@ -314,19 +320,24 @@ class Pool:
 
     # -------------------------------------------------------------------- cells
     def run(self, source: str, *, ranks=None, timeout: float | None = None, push: dict | None = None,
-            pull=(), sinks=(), check: bool = True, header: str = "", cell_label: str | None = None) -> RunResult:
+            pull=(), sinks=None, check: bool = True, cell_label: str | None = None) -> RunResult:
         """Run ``source`` on ``ranks`` (default all) of the live pool; returns this cell's RunResult.
-        ``cell_label`` names the cell in tracebacks and stacks ("Cell In[3]")."""
-        if self.state == BROKEN:
-            raise UsageError(f"%%ddp: the pool is broken ({self.why_broken}); run %ddp_pool restart, "
-                             f"or %%ddp --fresh for a separate job")
-        if self.state != IDLE:
-            raise UsageError("%%ddp: no pool is running; start one with %ddp_pool start -n N")
+        ``pull``: names each rank sends back (``result.ranks[i].pulled``); ``sinks`` as for
+        ``nbddp.run`` (default: text); ``cell_label`` names the cell in tracebacks and stacks
+        ("Cell In[3]"). The same entry as ``nbddp.run(source, pool=pool, ...)``."""
+        from nbddp import api
+
+        return api.run(source, pool=self, ranks_shown=ranks, timeout=timeout, push=push, pull=pull,
+                       sinks=sinks, check=check, cell_label=cell_label)
+
+    def run_cell(self, source: str, spec: LaunchSpec, *, sinks=(), push: dict | None = None,
+                 cell_label: str | None = None) -> RunResult:
+        """The pool's entry in nbddp.api's table: one cell, already checked against the pool
+        (nbddp/core/spec.py choose_source), on ``spec.ranks_shown`` (default all ranks), with
+        ``spec.timeout``, pulling ``spec.pull``'s names."""
         world = self.spec.world_size
-        targets = sorted(set(range(world) if ranks is None else ranks))
-        bad = [r for r in targets if not 0 <= r < world]
-        if bad:
-            raise UsageError(f"%%ddp: --ranks {','.join(map(str, bad))} outside 0..{world - 1}")
+        targets = sorted(set(range(world) if spec.ranks_shown is None else spec.ranks_shown))
+        pull = [name.split("@")[0] for name in spec.pull]
         payload = pushing.pack(push)  # one shared file, read by every rank
         script = cellscript.create(self.cwd, source)  # this cell's __file__, beside the notebook
         try:
@@ -347,7 +358,7 @@ class Pool:
                         "push": payload, "pull": list(pull), "targets": targets}
             self.state = BUSY
             try:
-                result = Supervisor(src, replace(self.spec, timeout=timeout), sinks).run()
+                result = Supervisor(src, replace(self.spec, timeout=spec.timeout), sinks).run()
             finally:
                 src.emit = Source.emit.__get__(src)  # between cells nothing listens
                 if self.state == BUSY:
@@ -355,8 +366,6 @@ class Pool:
         finally:
             cellscript.remove(script)
             pushing.discard(payload)  # the cell has ended on every rank: no one reads it
-        if check:
-            result.raise_for_status()
         return result
 
     def _fresh_result(self, log_dir: str) -> RunResult:

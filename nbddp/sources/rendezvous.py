@@ -24,8 +24,8 @@ import ipaddress
 import socket
 from datetime import timedelta
 
-from IPython.core.error import UsageError
-
+from nbddp.core.errors import DDPUsageError
+from nbddp.core.spec import check_private_net
 from nbddp.forkserver import privnet
 
 
@@ -35,13 +35,7 @@ def host_for(spec):
     hosted there too (nbddp/forkserver/storehost.py) and the ranks can reach nothing else."""
     if not privnet.requested():
         return host_store(spec.master_addr, spec.master_port)
-    if spec.start_method == "spawn":
-        raise UsageError("%%ddp: --start-method spawn starts ranks outside the private network "
-                         f"that {privnet.ENV}=1 gives this kernel's ranks; use the forkserver")
-    if not _loopback_addresses(spec.master_addr, 0):
-        raise UsageError(f"%%ddp: --master-addr {spec.master_addr} is not this machine's loopback, "
-                         f"but with {privnet.ENV}=1 ranks reach nothing beyond a private loopback; "
-                         f"use --launcher torchrun to meet other machines")
+    check_private_net(spec, privnet.ENV, master_is_loopback=bool(_loopback_addresses(spec.master_addr, 0)))
     from nbddp.forkserver import storehost
 
     return storehost.host(spec.master_addr, spec.master_port)
@@ -60,11 +54,11 @@ def host_store(master_addr: str, port: int | None, timeout_s: float = 1800.0):
             listener.close()
         text = str(exc)
         if port and ("EADDRINUSE" in text or "address already in use" in text.lower()):
-            raise UsageError(  # IPython shows a UsageError (exactly that class) as one line
+            raise DDPUsageError(  # the magic shows it as one line
                 f"%%ddp: MASTER_PORT {port} is already in use on this machine (another job or "
                 f"process holds it); choose another --master-port, or omit it to get a free one"
             ) from None
-        raise UsageError(f"%%ddp: could not start the rendezvous store on "
+        raise DDPUsageError(f"%%ddp: could not start the rendezvous store on "
                          f"{master_addr}:{port or 'a free port'}: {text.splitlines()[0]}") from None
     return store, store.port
 

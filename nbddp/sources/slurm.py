@@ -26,8 +26,7 @@ import tempfile
 import time
 from dataclasses import replace
 
-from IPython.core.error import UsageError
-
+from nbddp.core.errors import DDPUsageError
 from nbddp.sources.torchrun import ElasticLaunch
 from nbddp.core.result import RunResult
 from nbddp.sources.slurm_script import agent_extras, wants_gpus
@@ -194,17 +193,17 @@ def _run(cmd: list[str]) -> str:
 
 
 def check_available(env: dict | None = None) -> None:
-    """A clear UsageError where Slurm's commands are missing (not a FileNotFoundError)."""
+    """A clear DDPUsageError where Slurm's commands are missing (not a FileNotFoundError)."""
     import shutil
 
     if shutil.which("srun", path=(env or os.environ).get("PATH")) is None:
-        raise UsageError("%%ddp: --launcher slurm needs Slurm's srun on this machine's PATH "
+        raise DDPUsageError("%%ddp: --launcher slurm needs Slurm's srun on this machine's PATH "
                          "(run the notebook on a cluster's login node, or inside salloc)")
 
 
 def run_cell(source: str, spec: LaunchSpec, sinks=(), cwd: str | None = None,
              base_env: dict | None = None) -> RunResult:
-    """What the magic calls for ``--launcher slurm``."""
+    """Slurm's entry in nbddp/api.py's table of sources (``--launcher slurm``)."""
     check_available(base_env)
     launch = SlurmLaunch(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env)
     return launch.run()

@@ -25,8 +25,6 @@ import subprocess
 import sys
 import time
 
-from IPython.core.error import UsageError
-
 from nbddp.kernel import cellscript
 from nbddp.core import diagnosis
 from nbddp.core import placement
@@ -60,14 +58,7 @@ def torchrun_options(spec: LaunchSpec, node_rank: int | None = None) -> list[str
         opts.append("--standalone")
         if spec.rdzv_timeout:
             opts.append(f"--rdzv-conf=join_timeout={math.ceil(spec.rdzv_timeout)}")
-    else:
-        if spec.master_port is None:
-            raise UsageError(f"%%ddp: --nnodes {spec.nnodes} with --launcher torchrun needs a meeting point "
-                             "every node can reach: --rdzv-endpoint HOST:PORT (c10d), or "
-                             "--master-addr HOST --master-port PORT with --node-rank")
-        if spec.nnodes > 1 and node_rank is None:
-            raise UsageError("%%ddp: with --master-addr/--master-port (static rendezvous) each node needs "
-                             f"its --node-rank (0..{spec.nnodes - 1}); or use --rdzv-endpoint HOST:PORT")
+    else:  # static: nbddp/core/spec.py checked the port and the node rank are given
         opts += [f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
                  f"--node-rank={node_rank or 0}"]
         if spec.rdzv_timeout:
@@ -102,9 +93,6 @@ class ElasticLaunch(Source):
     def __init__(self, spec: LaunchSpec, *, source: str, sinks=(), cwd: str | None = None,
                  base_env: dict | None = None, device_count: int | None = None,
                  cell_label: str | None = None):
-        if spec.push or spec.pull:
-            raise UsageError("%%ddp: --push/--pull move values between the notebook and the local "
-                             "launcher's ranks; with --launcher torchrun, save and load files instead")
         self.spec = spec
         self.source_text = source
         self.label = cell_label
@@ -114,7 +102,7 @@ class ElasticLaunch(Source):
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.device_count = placement.cuda_device_count() if device_count is None else device_count
         self.placement = placement.plan(spec, self.device_count, self.base_env)
-        self.options = self.agent_options()  # UsageError here, before anything starts
+        self.options = self.agent_options()
         self.proc: subprocess.Popen | None = None
         self.ranks: dict[int, RankResult] = {}
         self.confirmed: set[int] = set()
@@ -456,6 +444,6 @@ def _pg_alive(pgid: int | None) -> bool:
 
 def run_cell(source: str, spec: LaunchSpec, sinks=(), cwd: str | None = None,
              base_env: dict | None = None, cell_label: str | None = None) -> RunResult:
-    """What the magic calls for ``--launcher torchrun``."""
+    """torchrun's entry in nbddp/api.py's table of sources (``--launcher torchrun``)."""
     return ElasticLaunch(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env,
                          cell_label=cell_label).run()
