@@ -90,8 +90,8 @@ def test_lesson_runs_clean_and_checks_pass(name, kernel_name, tmp_path):
     assert any(c.source.startswith("%%ddp") for c in code_cells)
     assert all(not c.get("outputs") for c in code_cells), "committed unexecuted"
     assert not any("%matplotlib" in c.source for c in code_cells), "ipykernel renders plots inline by itself"
-    if name in LESSONS:  # the lesson shape every lesson promises
-        assert "solution" in tags, "an exercise with its solution in a separate cell"
+    if name != LESSONS[0]:  # the lesson shape every lesson after the quickstart promises
+        assert "solution" in tags and "check" in tags, "an exercise, its folded solution and a check"
         assert any(c.cell_type == "markdown" and c.source.startswith("## Check") for c in nb.cells)
 
     os.makedirs(ARTIFACTS, exist_ok=True)
@@ -111,6 +111,22 @@ def test_lesson_runs_clean_and_checks_pass(name, kernel_name, tmp_path):
     if any("import matplotlib" in c.source for c in ran):  # a plot shows without %matplotlib inline
         assert any("image/png" in o.get("data", {}) for c in ran for o in c.outputs), "no plot was shown"
     assert elapsed < 120, f"{name} took {elapsed:.0f} s; lessons must stay quick on 2 CPU cores"
+
+
+@pytest.mark.parametrize("name", LESSONS[1:])
+def test_an_exercise_has_a_place_to_try_a_folded_solution_and_a_check_that_says_what_is_wrong(name):
+    """After the task: a cell the learner fills in (tag ``exercise``), the solution with its source
+    hidden until opened (tag ``solution``; papermill runs it, so the lesson stays checked), then a
+    check (tag ``check``) whose every assertion says in one line what is still wrong."""
+    cells = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4).cells
+    tagged = lambda tag: [i for i, c in enumerate(cells) if tag in c.metadata.get("tags", [])]
+    task = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("## Exercise")]
+    (tried,), solution, (check,) = tagged("exercise"), tagged("solution"), tagged("check")
+    assert task and task[0] < tried < min(solution) and max(solution) < check, (task, tried, solution, check)
+    assert all(cells[i].metadata.get("jupyter", {}).get("source_hidden") for i in solution), "solutions are folded"
+    assert cells[tried].cell_type == "code" and not cells[tried].metadata.get("jupyter"), "the place to try is open"
+    asserts = [line for line in cells[check].source.splitlines() if line.lstrip().startswith("assert ")]
+    assert asserts and all(re.search(r', f?"✗ ', line) for line in asserts), asserts
 
 
 def test_committed_notebooks_are_what_their_sources_build():

@@ -99,15 +99,27 @@ print("ok: global rank = node_rank x nproc_per_node + local_rank for every rank"
 # ## Exercise
 # A job runs on 3 machines with 2 processes each. Which global rank has local rank 1 on node 2, and what is
 # the world size? Work it out, then confirm it with a `%%ddp` cell on 3 simulated nodes.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your answer: which rank, what world size? Then confirm it in a cell that starts with
+#   %%ddp --nnodes 3 --nproc-per-node 2 --timeout 60 --pull me@5
+# where every rank sets `me` to its GROUP_RANK, LOCAL_RANK and WORLD_SIZE (ints, from os.environ).
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
-# %%ddp --nnodes 3 --nproc-per-node 2 --ranks 5 --timeout 60
+# %%ddp --nnodes 3 --nproc-per-node 2 --ranks 5 --timeout 60 --pull me@5
 import os
-print(f"node {os.environ['GROUP_RANK']} local {os.environ['LOCAL_RANK']} -> rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}")
+me = {k: int(os.environ[k]) for k in ("GROUP_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE")}
+print(f"node {me['GROUP_RANK']} local {me['LOCAL_RANK']} -> rank {me['RANK']} of {me['WORLD_SIZE']}")
 
-# %% solution-code tags=["solution"]
-assert "node 2 local 1 -> rank 5 of 6" in _ddp.ranks[5].stdout    # 2 x 2 + 1 = 5; 3 x 2 = 6
-print(_ddp.ranks[5].stdout)
+# %% check-answer tags=["check"]
+assert "me" in globals(), "✗ nothing to check yet: your cell should end with --pull me@5 (rank 5's `me`)"
+assert me["WORLD_SIZE"] == 6, f"✗ world size {me['WORLD_SIZE']}: 3 nodes x 2 processes per node make 6"
+assert (me["GROUP_RANK"], me["LOCAL_RANK"]) == (2, 1), f"✗ rank 5 runs on node {me['GROUP_RANK']} as local rank {me['LOCAL_RANK']}: 2 x 2 + 1 = 5 needs node 2, local rank 1"
+print("✓ local rank 1 on node 2 is global rank 2 x 2 + 1 = 5, in a world of 3 x 2 = 6")

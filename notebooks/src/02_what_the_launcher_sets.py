@@ -166,9 +166,21 @@ print("ok: %%ddp gives each rank the same variables as torchrun")
 # Write an argument parser that works under **both** launchers: it accepts `--local_rank` / `--local-rank`
 # when the old launcher passes it, and otherwise falls back to `LOCAL_RANK` from the environment. Run it with
 # `--legacy-launch` and without.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your parser here, as a string `both_ways` (a script whose ranks set `parsed` to the local rank they found),
+# run three ways, keeping what each run pulled:
+#   parsed_by_launch = {}
+#   for how in ("--legacy-launch", "--legacy-launch underscore", ""):
+#       get_ipython().run_cell_magic("ddp", f"-n {world_size} {how} --timeout 60 --pull parsed", both_ways)
+#       parsed_by_launch[how] = parsed
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
 both_ways = '''
@@ -176,15 +188,17 @@ import argparse, os
 parser = argparse.ArgumentParser()
 parser.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
 args = parser.parse_args()
-print(f"local_rank={args.local_rank}")
+parsed = args.local_rank
+print(f"local_rank={parsed}")
 '''
-results = []
-for line in (f"-n {world_size} --legacy-launch", f"-n {world_size} --legacy-launch underscore", f"-n {world_size}"):
-    get_ipython().run_cell_magic("ddp", line + " --output text --timeout 60", both_ways)
-    results.append(_ddp)
+parsed_by_launch = {}
+for how in ("--legacy-launch", "--legacy-launch underscore", ""):
+    get_ipython().run_cell_magic("ddp", f"-n {world_size} {how} --output text --timeout 60 --pull parsed", both_ways)
+    parsed_by_launch[how] = parsed
 
-# %% solution-code tags=["solution"]
-for res in results:
-    for r in res.ranks:
-        assert f"local_rank={r.local_rank}" in r.stdout
-print("the parser works with --local-rank=N, --local_rank=N and with LOCAL_RANK only")
+# %% check-answer tags=["check"]
+assert "parsed_by_launch" in globals(), "✗ nothing to check yet: run your parser three ways into `parsed_by_launch`"
+assert len(parsed_by_launch) == 3, f"✗ {len(parsed_by_launch)} launches: run it with --legacy-launch, --legacy-launch underscore and neither"
+for how, got in parsed_by_launch.items():
+    assert got == list(range(world_size)), f"✗ launched with {how or 'no legacy flag'!r}, the ranks parsed local ranks {got}, not {list(range(world_size))}"
+print("✓ the parser works with --local-rank=N, --local_rank=N and with LOCAL_RANK only")

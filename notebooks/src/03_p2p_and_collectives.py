@@ -137,9 +137,18 @@ print("ok: the hand-written ring all-reduce equals dist.all_reduce on every rank
 # ## Exercise
 # Write `ring_all_gather(t)` using only `isend`/`recv` (each rank contributes one tensor; afterwards every
 # rank has the list of all of them, in rank order) and check it against `dist.all_gather`.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your ring_all_gather here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --pull same
+# where each rank sets `same` to whether its result equals dist.all_gather's (True / False).
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
 # %%ddp -n $world_size --timeout 60 --pull same
@@ -163,5 +172,8 @@ same = all(torch.equal(a, b) for a, b in zip(ring_all_gather(t), ref))
 print(f"rank {rank}: ring all_gather equal: {same}")
 dist.destroy_process_group()
 
-# %% solution-code tags=["solution"]
-assert same == [True] * world_size, same
+# %% check-answer tags=["check"]
+assert "same" in globals(), "✗ nothing to check yet: your cell should end with --pull same"
+assert len(same) == world_size, f"✗ {len(same)} values pulled for {world_size} ranks"
+assert same == [True] * world_size, f"✗ ranks {[r for r, s in enumerate(same) if not s]} got a list different from dist.all_gather's: send out[(rank - step) % world] to the next rank, receive out[(rank - step - 1) % world] from the previous"
+print("✓ the ring all_gather equals dist.all_gather on every rank")

@@ -197,9 +197,18 @@ print("ok: DDP losses", [round(l, 4) for l in losses], "= single device", [round
 # Resume training: start a second job that loads `ckpt.pt` on every rank **before** wrapping with DDP, and
 # restores the optimizer too (its momentum is part of the training state: without it the next steps differ
 # from an uninterrupted run), trains one more epoch, and prints the loss.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your resumed training here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --pull resumed@0 -- --out $out_dir
+# where rank 0's `resumed` is the mean loss of the extra epoch (a float).
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
 # %%ddp -n $world_size --timeout 60 --pull resumed@0 -- --out $out_dir
@@ -228,6 +237,7 @@ if dist.get_rank() == 0:
     print(f"resumed epoch {ckpt['epochs']}: loss {resumed:.4f}")
 dist.destroy_process_group()
 
-# %% solution-code tags=["solution"]
-assert resumed < losses[-1], (resumed, losses)
-print("resumed loss", resumed)
+# %% check-answer tags=["check"]
+assert "resumed" in globals(), "✗ nothing to check yet: your cell should end with --pull resumed@0"
+assert resumed < losses[-1], f"✗ the resumed epoch's loss {resumed:.4f} is not below the last one before the checkpoint ({losses[-1]:.4f}): did every rank load the model (before DDP) and the optimizer?"
+print(f"✓ training went on from the checkpoint: loss {losses[-1]:.4f} -> {resumed:.4f}")

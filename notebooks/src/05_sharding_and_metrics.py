@@ -103,9 +103,18 @@ print(f"true accuracy {truth:.4f}; rank 0 only {got['RANK0_ONLY']:.4f}; all_redu
 # Average a **loss** over ranks whose shards have different sizes (`range(rank, N, world)`). Why is
 # `all_reduce(mean_loss) / world` wrong, and what is right? Compute both against the true mean of `(i * 0.1) ** 2`
 # over `i < N`.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your two averages here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --pull naive@0,weighted@0 -- $N
+# `naive`: all_reduce of each rank's mean loss / world; `weighted`: all_reduce of the sum and of the count.
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
 # %%ddp -n $world_size --timeout 60 --pull naive@0,weighted@0 -- $N
@@ -120,9 +129,9 @@ if rank == 0:
     print(f"naive {naive:.6f} weighted {weighted:.6f}")
 dist.destroy_process_group()
 
-# %% solution-code tags=["solution"]
+# %% check-answer tags=["check"]
+assert "weighted" in globals() and "naive" in globals(), "✗ nothing to check yet: your cell should end with --pull naive@0,weighted@0"
 true_mean = sum((i * 0.1) ** 2 for i in range(N)) / N
-assert abs(weighted - true_mean) < 1e-5
-if N % world_size:
-    assert abs(naive - true_mean) > 1e-4
-print("naive", naive, "weighted", weighted, "true", true_mean)
+assert abs(weighted - true_mean) < 1e-5, f"✗ `weighted` is {weighted:.6f}, the true mean {true_mean:.6f}: all_reduce the sum of the losses and their count, then divide"
+assert N % world_size == 0 or abs(naive - true_mean) > 1e-4, f"✗ `naive` equals the true mean: it should be the mean of the ranks' means"
+print(f"✓ naive {naive:.6f} (shards of different sizes weigh the same), weighted {weighted:.6f} = true {true_mean:.6f}")

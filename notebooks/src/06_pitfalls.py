@@ -235,21 +235,34 @@ print("ok: all four pitfalls reproduced and recognised")
 # %% exercise [markdown]
 # ## Exercise
 # Fix the hanging cell of section 2 so that it finishes, still printing the sum on rank 0 only.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your fixed cell here; it starts with
+#   %%ddp -n $world_size --timeout 60 --pull total@0
+# and rank 0 sets `total` to the sum it printed.
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
-# %%ddp -n $world_size --timeout 60
+# %%ddp -n $world_size --timeout 60 --pull total@0
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 t = torch.ones(1)
 dist.all_reduce(t)              # every rank
+total = t.item()
 if rank == 0:
-    print(f"sum = {t.item():.0f}")  # only the printing depends on the rank
+    print(f"sum = {total:.0f}")     # only the printing depends on the rank
 dist.barrier()
 dist.destroy_process_group()
 
-# %% solution-code tags=["solution"]
-assert _ddp.ok and f"sum = {world_size}" in _ddp.ranks[0].stdout
+# %% check-answer tags=["check"]
+assert "total" in globals(), "✗ nothing to check yet: your cell should end with --pull total@0"
+assert _ddp.ok, f"✗ the cell did not finish: {_ddp.summary()} (every rank must call the collective, not only rank 0)"
+assert total == world_size, f"✗ rank 0's sum is {total}, not {world_size}: every rank contributes its 1 to all_reduce"
+print(f"✓ every rank reached the all_reduce; rank 0 printed sum = {total:.0f}")

@@ -132,15 +132,27 @@ else:
 # ## Exercise
 # The cluster has 2 machines with 4 GPUs each. Which `node_rank`, `LOCAL_RANK` (= which GPU) does global rank 5
 # have? Verify by simulating the cluster with `%%ddp` and showing rank 5 only, and print node 1's command.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your answer here; confirm it in a cell that starts with
+#   %%ddp --nnodes 2 --nproc-per-node 4 --ranks 5 --timeout 60 --pull where@5
+# where every rank sets `where = (int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"]))`.
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
-# %%ddp --nnodes 2 --nproc-per-node 4 --ranks 5 --timeout 60
+# %%ddp --nnodes 2 --nproc-per-node 4 --ranks 5 --timeout 60 --pull where@5
 import os
-print(f"rank {os.environ['RANK']}: node {os.environ['GROUP_RANK']}, cuda:{os.environ['LOCAL_RANK']}")
+where = (int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"]))
+print(f"rank {os.environ['RANK']}: node {where[0]}, cuda:{where[1]}")
 
-# %% solution-code tags=["solution"]
-assert "rank 5: node 1, cuda:1" in _ddp.ranks[5].stdout        # 5 = 1 x 4 + 1
+# %% check-answer tags=["check"]
+assert "where" in globals(), "✗ nothing to check yet: your cell should end with --pull where@5"
+assert tuple(where) == (1, 1), f"✗ rank 5 is node {where[0]}, local rank {where[1]}: with 4 per node, 5 = 1 x 4 + 1"
+print("✓ rank 5 runs on node 1 with cuda:1; node 1's command:")
 print(node_commands(make_spec(nproc_per_node=4, nnodes=2, master_addr=master_addr, master_port=master_port), "train.py")[1])

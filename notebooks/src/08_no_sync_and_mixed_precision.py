@@ -209,9 +209,18 @@ print("ok: no_sync accumulation == big batch, with", results[0]["no_sync"]["hook
 # ## Exercise
 # Accumulate over `accum` micro-batches with `no_sync()` **and** bfloat16 autocast, then check on every rank
 # that the weights after the step are identical across ranks (`all_gather` a checksum).
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your accumulation here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --pull identical -- $accum
+# where each rank sets `identical` to whether all ranks' weight checksums are equal after the step.
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
 # %%ddp -n $world_size --timeout 60 --pull identical -- $accum
@@ -235,5 +244,7 @@ identical = all(torch.equal(e, every[0]) for e in every)
 print(f"replicas identical: {identical}")
 dist.destroy_process_group()
 
-# %% solution-code tags=["solution"]
-assert all(identical), identical
+# %% check-answer tags=["check"]
+assert "identical" in globals(), "✗ nothing to check yet: your cell should end with --pull identical"
+assert all(identical), f"✗ ranks {[r for r, i in enumerate(identical) if not i]} see different weights: the last micro-batch must run outside no_sync() so its backward all-reduces"
+print("✓ no_sync() accumulation with bfloat16 autocast leaves identical replicas")

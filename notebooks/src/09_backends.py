@@ -111,9 +111,18 @@ print(f"ok: latency {secs[0] * 1e6:.0f} us for 16 B; {bw[-1] / 1e6:.0f} MB/s at 
 # %% exercise [markdown]
 # ## Exercise
 # Compare `broadcast` and `all_reduce` for a 1 MiB tensor. Which is faster, and why?
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your timing here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --pull bcast@0,allred@0 -- $reps
+# `bcast` and `allred`: rank 0's median time of one broadcast / all_reduce of 2**18 floats, in ms.
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
 # %%ddp -n $world_size --timeout 60 --pull bcast@0,allred@0 -- $reps
@@ -131,6 +140,7 @@ if dist.get_rank() == 0:
     # broadcast only moves data one way; all_reduce also adds and sends results back (about 2x the traffic)
 dist.destroy_process_group()
 
-# %% solution-code tags=["solution"]
-assert bcast > 0 and allred > 0
-print(f"broadcast {bcast} ms, all_reduce {allred} ms")
+# %% check-answer tags=["check"]
+assert "bcast" in globals() and "allred" in globals(), "✗ nothing to check yet: your cell should end with --pull bcast@0,allred@0"
+assert bcast > 0 and allred > 0, f"✗ times must be positive: broadcast {bcast} ms, all_reduce {allred} ms"
+print(f"✓ broadcast {bcast:.3f} ms, all_reduce {allred:.3f} ms")

@@ -229,9 +229,18 @@ print("ok: per-rank logs, per-rank profiles with the all-reduce, and the drills 
 # ## Exercise
 # One rank is slow (it `sleep`s 0.2 s before each step). Profile all ranks: which rank shows **more** time
 # in `all_reduce`, the slow one or the others? Why?
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your profiled straggler here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --env KINETO_LOG_LEVEL=6 --pull waits
+# where each rank sets `waits` to its ms inside gloo:all_reduce and gloo:barrier (from prof.key_averages()).
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
 # %%ddp -n $world_size --timeout 60 --env KINETO_LOG_LEVEL=6 --pull waits
@@ -250,7 +259,9 @@ waits = sum(e.cpu_time_total for e in prof.key_averages() if e.key in ("gloo:all
 print(f"rank {rank}: {waits:.1f} ms waiting in all_reduce/barrier")
 dist.destroy_process_group()
 
-# %% solution-code tags=["solution"]
+# %% check-answer tags=["check"]
+assert "waits" in globals(), "✗ nothing to check yet: your cell should end with --pull waits"
 print(dict(enumerate(waits)))
-if world_size > 1:   # the fast ranks wait for the straggler inside the collective; the straggler never waits
-    assert min(waits[1:]) > waits[0]
+assert len(waits) == world_size, f"✗ {len(waits)} values for {world_size} ranks"
+assert world_size == 1 or min(waits[1:]) > waits[0], f"✗ the straggler (rank 0) waited {waits[0]:.1f} ms, the others {waits[1:]}: make rank 0 sleep before each step"
+print("✓ the fast ranks wait for the straggler inside the collective; the straggler hardly waits")

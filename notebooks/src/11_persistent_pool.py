@@ -74,9 +74,18 @@ print('ok: loss', round(history[0], 3), '->', round(history[-1], 3))
 # %% exercise [markdown]
 # ## Exercise
 # Run one more epoch in a new cell, on the pool, and check that `history` grew by one on rank 0.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your extra epoch here, in a cell that starts with
+#   %%ddp --pull history@0 --timeout 60
+# (no --fresh: it runs on the pool, where model, opt, X, y, shard and history still are).
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
 # %%ddp --push epochs --pull history@0 --timeout 60
@@ -85,9 +94,9 @@ for xb, yb in [(X[shard], y[shard])]:
     opt.zero_grad(); loss = torch.nn.functional.mse_loss(model(xb), yb); loss.backward(); opt.step()
 history.append(loss.item())
 
-# %% solution-code tags=["solution"]
-assert len(history) == epochs + 1
-# %ddp_pool status
+# %% check-answer tags=["check"]
+assert len(history) == epochs + 1, f"✗ rank 0's history has {len(history)} losses, expected {epochs + 1}: append the new epoch's loss, and --pull history@0"
+print("✓ the pool kept the model: history", [round(v, 4) for v in history])
 
-# %% solution-code-2
+# %% stop-pool
 # %ddp_pool stop

@@ -259,9 +259,18 @@ print("ok: DDP by hand == DDP; buckets overlap backward; unused parameters, Batc
 # DDP's comm hooks can change how a bucket is sent. Write a hook that all-reduces each bucket in
 # **bfloat16** (half the bytes) and divides by the world size, register it, and compare the gradients with
 # DDP's default ones on the same model and data: how far apart are they?
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your comm hook here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --pull gap
+# where each rank sets `gap` to the largest relative difference between the two models' gradients.
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
 # %%ddp -n $world_size --timeout 60 --pull gap
@@ -291,5 +300,8 @@ gap = max(((a.grad - b.grad).abs().max() / a.grad.abs().max()).item()
 print(f"rank {rank}: largest relative difference {gap:.2e} (bfloat16 keeps ~3 significant digits)")
 dist.destroy_process_group()
 
-# %% solution-code tags=["solution"]
-assert all(0 < g < 1e-2 for g in gap), gap       # close, not equal: the bytes were rounded
+# %% check-answer tags=["check"]
+assert "gap" in globals(), "✗ nothing to check yet: your cell should end with --pull gap"
+assert all(g > 0 for g in gap), f"✗ the gradients are equal ({gap}): is the hook registered, and does it all-reduce in bfloat16?"
+assert all(g < 1e-2 for g in gap), f"✗ the gradients differ by up to {max(gap):.2e}: divide the sum by the world size, and copy it back into the bucket's buffer"
+print(f"✓ close, not equal: bfloat16 rounding moves the gradients by at most {max(gap):.2e}")

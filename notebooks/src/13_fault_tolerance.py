@@ -116,9 +116,20 @@ print(f"ok: killed in epoch {kill_in_epoch}, restarted by torchrun, resumed from
 # Without `--max-restarts` torchrun does not restart anything. Run the failing job so (into
 # `runs/13/no_restart`): how does the cell end, which state does `_ddp` give rank 1, and from which epoch
 # could a manual rerun resume?
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your run here, for example
+#   try:
+#       get_ipython().run_cell_magic("ddp", f"-n {world_size} --launcher torchrun --timeout 150 -- runs/13/no_restart {epochs} {kill_in_epoch}", train)
+#   except nbddp.DDPError as exc:
+#       no_restart = exc.result
 
 # %% solution [markdown]
 # ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
 import nbddp
@@ -133,14 +144,17 @@ for r in no_restart.ranks:
     print(f"exit code {r.exitcode}: {r.describe()[:160]}")
 print("a rerun would resume at epoch", left)
 
-# %% solution-note [markdown]
+# %% solution-note [markdown] tags=["solution"]
 # The job ends at once, and the rank that **survived** reports an error (`Connection closed` or `reset by
 # peer`): a
 # symptom, not the cause. The cause is in the log of the rank whose process died (`SIGKILL`, and its last
 # line, "killed on purpose"). The snapshot of epoch 1 is still there: rerunning the cell would resume at
 # epoch 2, the same as torchrun's restart did.
 
-# %% solution-code tags=["solution"]
-assert "by peer" in no_restart.ranks[0].describe(), no_restart.ranks[0].describe()   # closed / reset by peer
-assert no_restart.ranks[1].exitcode == -9 and "killed on purpose" in no_restart.ranks[1].stdout   # -9: SIGKILL
-assert left == kill_in_epoch, left
+# %% check-answer tags=["check"]
+assert "no_restart" in globals(), "✗ nothing to check yet: keep the failed run's result as `no_restart` (exc.result)"
+assert no_restart.ranks[1].exitcode == -9, f"✗ rank 1 exited with {no_restart.ranks[1].exitcode}, not -9 (SIGKILL): run the failing job, without --max-restarts"
+assert "by peer" in no_restart.ranks[0].describe(), f"✗ rank 0 should report its lost peer (closed / reset by peer): {no_restart.ranks[0].describe()[:120]}"
+left = torch.load("runs/13/no_restart/snapshot.pt")["epoch"]
+assert left == kill_in_epoch, f"✗ the snapshot says epoch {left}: the run into runs/13/no_restart should have saved {kill_in_epoch} epochs"
+print(f"✓ no restart: rank 1 was killed (-9), rank 0 lost its peer, and a rerun would resume at epoch {left}")
