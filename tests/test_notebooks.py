@@ -16,14 +16,12 @@ import sys
 import time
 
 import nbformat
-import papermill
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 ARTIFACTS = os.path.join(ROOT, "artifacts", "notebooks")
 NOTEBOOK_FILES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(NOTEBOOKS, "[0-9][0-9]_*.ipynb")))
-KERNEL = "nbddp-lessons"
 
 
 def _load(script):
@@ -36,25 +34,15 @@ def _load(script):
 
 
 build = _load("build")  # notebooks/build.py: notebooks/src/NN_name.py -> notebooks/NN_name.ipynb
+executed = _load("executed")  # notebooks/executed.py: executed, scrubbed copies in docs/lessons/
 LESSONS = [build.notebook_name(source) for source in build.sources()]
 
 
 @pytest.fixture(scope="module")
 def kernel_name(tmp_path_factory):
     """A kernelspec that starts this very interpreter, found through JUPYTER_PATH."""
-    data = tmp_path_factory.mktemp("jupyter")
-    spec_dir = data / "kernels" / KERNEL
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "nbddp lessons", "language": "python"}))
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = str(data) + (os.pathsep + old if old else "")
-    yield KERNEL
-    if old is None:
-        os.environ.pop("JUPYTER_PATH", None)
-    else:
-        os.environ["JUPYTER_PATH"] = old
+    with executed.interpreter_kernel(str(tmp_path_factory.mktemp("jupyter"))) as name:
+        yield name
 
 
 def test_every_lesson_is_built_from_its_source_in_order():
@@ -98,8 +86,7 @@ def test_lesson_runs_clean_and_checks_pass(name, kernel_name, tmp_path):
     dst = os.path.join(ARTIFACTS, name)
     started = time.monotonic()
     try:
-        papermill.execute_notebook(src, dst, kernel_name=kernel_name, cwd=str(tmp_path), progress_bar=False,
-                                   request_save_on_cell_execute=False, execution_timeout=180)
+        executed.execute(src, dst, kernel_name, cwd=str(tmp_path))
     finally:
         elapsed = time.monotonic() - started
         print(f"{name}: {elapsed:.1f} s under papermill")
@@ -129,6 +116,18 @@ def test_an_exercise_has_a_place_to_try_a_folded_solution_and_a_check_that_says_
     assert asserts and all(re.search(r', f?"✗ ', line) for line in asserts), asserts
 
 
+@pytest.mark.parametrize("name", [n for n in LESSONS[1:] if n[:2] != "11"])  # 11: the pool's history is always there
+def test_a_check_run_before_any_attempt_says_so_in_one_line(name):
+    """Run straight after the lesson's parameters, the check names what to do, not a NameError."""
+    cells = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4).cells
+    (params,) = [c for c in cells if "parameters" in c.metadata.get("tags", [])]
+    (check,) = [c for c in cells if "check" in c.metadata.get("tags", [])]
+    namespace = {}
+    exec(params.source, namespace)
+    with pytest.raises(AssertionError, match=r"^✗ nothing to check yet: [^\n]+$"):
+        exec(check.source, namespace)
+
+
 def test_committed_notebooks_are_what_their_sources_build():
     """The sources are the truth: each committed .ipynb is exactly what notebooks/build.py makes of
     its source (no kernel: this is a text comparison)."""
@@ -147,6 +146,42 @@ def test_cell_ids_are_the_cells_names_so_inserting_a_cell_renumbers_nothing(tmp_
     (tmp_path / "02.py").write_text(text[:first] + "# %%\nx = 1\n\n" + text[first:])
     with pytest.raises(ValueError, match="name the cell"):
         build.read_lesson(str(tmp_path / "02.py"))
+
+
+def test_every_lesson_has_an_executed_copy_of_its_current_cells_without_machine_paths():
+    """docs/lessons/ holds each lesson run (outputs GitHub shows), of the cells its source builds today,
+    scrubbed of the machine that ran it, and small enough to browse."""
+    sizes = 0
+    for source in build.sources():
+        name = build.notebook_name(source)
+        path = os.path.join(executed.DOCS, name)
+        assert os.path.exists(path), f"no executed copy of {name}: python notebooks/executed.py {name[:-6]}"
+        copy = nbformat.read(path, as_version=4)
+        assert [(c.id, c.source) for c in copy.cells] == [(c.id, c.source) for c in build.read_lesson(source).cells], \
+            f"docs/lessons/{name} was run from an older source: python notebooks/executed.py {name[:-6]}"
+        code = [c for c in copy.cells if c.cell_type == "code"]
+        assert all(c.execution_count for c in code) and any(c.outputs for c in code), f"{name}: not executed"
+        assert not [o for c in code for o in c.outputs if o.output_type == "error"], f"{name}: an error"
+        assert executed.machine_paths(copy) == [], f"{name}: {executed.machine_paths(copy)[:3]}"
+        sizes += os.path.getsize(path)
+    assert sizes < 4 * 2**20, f"the executed lessons take {sizes / 2**20:.1f} MiB"
+
+
+def test_scrubbing_removes_what_belongs_to_the_machine():
+    """A run's folders, the repository's and the interpreter's paths, home, the host name and pids go."""
+    import socket
+    text = (f"log folder /tmp/pytest-of-ann/pytest-7/test_lesson_runs_clean_and_che3/runs/13 and "
+            f"/tmp/nbddp-lessons-x1y2/lesson-04/ckpt.pt; {ROOT}/nbddp/api.py; {sys.prefix}/lib/python3/site-packages/"
+            f"torch/x.py; {os.path.expanduser('~')}/.cache; /tmp/nbddp-0/kernel-4242/cell-3; File .nbddp-31337.py; "
+            f"on {socket.gethostname()} pid 31337")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "x", outputs=[nbformat.v4.new_output("stream", name="stdout", text=text)])])
+    assert len(executed.machine_paths(nb)) >= 5
+    clean = executed.scrub(nb).cells[0].outputs[0].text
+    assert executed.machine_paths(executed.scrub(nb)) == [], clean
+    assert "./runs/13" in clean and "./ckpt.pt" in clean and "<repo>/nbddp/api.py" in clean, clean
+    assert "31337" not in clean and "4242" not in clean, clean
+    assert len(socket.gethostname()) <= 3 or socket.gethostname() not in clean, clean  # a name as short as "vm" stays
 
 
 def _pin(text):
