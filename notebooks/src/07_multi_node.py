@@ -46,7 +46,7 @@ for node, command in enumerate(commands):
 # keep traffic on the fast local links).
 
 # %% commands-one-per-node-ddp
-# %%ddp --nnodes $nnodes --nproc-per-node $nproc_per_node --timeout 60
+# %%ddp --nnodes $nnodes --nproc-per-node $nproc_per_node --timeout 60 --pull sums
 import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -54,6 +54,7 @@ node, local, per_node = int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RAN
 groups = [dist.new_group(list(range(n * per_node, (n + 1) * per_node))) for n in range(world // per_node)]
 t = torch.tensor([float(rank)]); dist.all_reduce(t)                          # all nodes
 u = torch.tensor([float(rank)]); dist.all_reduce(u, group=groups[node])     # my node only
+sums = {"node": node, "local": local, "global sum": t.item(), "node sum": u.item()}
 print(f"node {node} local {local} rank {rank}: global sum {t.item():.0f}, node sum {u.item():.0f}")
 dist.destroy_process_group()
 
@@ -67,8 +68,8 @@ assert len(_ddp.ranks) == world and _ddp.ok
 for r in _ddp.ranks:
     node, local = r.rank // nproc_per_node, r.rank % nproc_per_node
     node_sum = sum(range(node * nproc_per_node, (node + 1) * nproc_per_node))
-    expect = f"node {node} local {local} rank {r.rank}: global sum {sum(range(world))}, node sum {node_sum}"
-    assert expect in r.stdout, (expect, r.stdout)
+    expect = {"node": node, "local": local, "global sum": sum(range(world)), "node sum": node_sum}
+    assert sums[r.rank] == expect, (r.rank, sums[r.rank], expect)      # --pull sums: one dict per rank
     assert (r.node_rank, r.local_rank) == (node, local)
 assert len(commands) == nnodes and all(f"--node-rank={i}" in c for i, c in enumerate(commands))
 assert all(f"--master-addr={master_addr}" in c and f"--master-port={master_port}" in c for c in commands)
