@@ -11,7 +11,7 @@ no other cell's id. The build hides the source of every ``solution`` cell (``jup
 as JupyterLab and Notebook 7 show it: a bar to click open); papermill still runs it.
 
 jupytext reads the sources (the ``test`` extra has it), so an author can also open a source in
-JupyterLab as a notebook (Open With > Notebook, with jupytext installed) and save edits into it.
+JupyterLab as a notebook (right-click, Open With > Jupytext Notebook) and save edits into it.
 """
 from __future__ import annotations
 

@@ -134,6 +134,15 @@ def test_committed_notebooks_are_what_their_sources_build():
     assert build.stale_notebooks() == [], "run python notebooks/build.py"
 
 
+@pytest.mark.parametrize("source", build.sources(), ids=os.path.basename)
+def test_a_source_is_in_jupytexts_own_form_so_saving_it_from_jupyterlab_changes_nothing(source):
+    """Opened in JupyterLab through jupytext and saved, a source comes back byte for byte (no header,
+    same blank lines, magics commented as before): edits there make diffs of what changed only."""
+    import jupytext
+    text = open(source, encoding="utf-8").read()
+    assert jupytext.writes(jupytext.reads(text, fmt="py:percent"), fmt="py:percent") == text
+
+
 def test_cell_ids_are_the_cells_names_so_inserting_a_cell_renumbers_nothing(tmp_path):
     """A cell's id is the name in its source's ``# %% NAME`` line, not its position."""
     source = build.sources()[1]
