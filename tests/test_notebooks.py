@@ -16,50 +16,39 @@ import sys
 import time
 
 import nbformat
-import papermill
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 ARTIFACTS = os.path.join(ROOT, "artifacts", "notebooks")
 NOTEBOOK_FILES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(NOTEBOOKS, "[0-9][0-9]_*.ipynb")))
-KERNEL = "nbddp-lessons"
 
 
-def _load_build(folder):
-    """notebooks/build.py as a module (it writes nothing when imported)."""
+def _load(script):
+    """A script of notebooks/ as a module (it writes nothing when imported)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("lessons_build", os.path.join(folder, "build.py"))
+    spec = importlib.util.spec_from_file_location("lessons_" + script, os.path.join(NOTEBOOKS, script + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-LESSONS = [name + ".ipynb" for name, _ in _load_build(NOTEBOOKS).LESSONS]  # built by notebooks/build.py
+build = _load("build")  # notebooks/build.py: notebooks/src/NN_name.py -> notebooks/NN_name.ipynb
+executed = _load("executed")  # notebooks/executed.py: executed, scrubbed copies in docs/lessons/
+LESSONS = [build.notebook_name(source) for source in build.sources()]
 
 
 @pytest.fixture(scope="module")
 def kernel_name(tmp_path_factory):
     """A kernelspec that starts this very interpreter, found through JUPYTER_PATH."""
-    data = tmp_path_factory.mktemp("jupyter")
-    spec_dir = data / "kernels" / KERNEL
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "nbddp lessons", "language": "python"}))
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = str(data) + (os.pathsep + old if old else "")
-    yield KERNEL
-    if old is None:
-        os.environ.pop("JUPYTER_PATH", None)
-    else:
-        os.environ["JUPYTER_PATH"] = old
+    with executed.interpreter_kernel(str(tmp_path_factory.mktemp("jupyter"))) as name:
+        yield name
 
 
-def test_lessons_are_numbered_in_order():
-    """build.py writes 01-10, 12 and 13; 00 (quickstart) and 11 (persistent pool) are hand-written."""
-    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in (*range(1, 11), 12, 13)], LESSONS
-    assert [name[:2] for name in NOTEBOOK_FILES] == [f"{i:02d}" for i in range(14)], NOTEBOOK_FILES
+def test_every_lesson_is_built_from_its_source_in_order():
+    """One way to author: every notebook in notebooks/ has a source in notebooks/src/, 00 and 11 included."""
+    assert LESSONS == NOTEBOOK_FILES, (LESSONS, NOTEBOOK_FILES)
+    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in range(14)], LESSONS
 
 
 RANK_STARTERS = re.compile(r"^%%ddp\s.*$|run_cell_magic\(\s*\"ddp\".*$|nbddp\.run\(.*$", re.M)
@@ -89,16 +78,15 @@ def test_lesson_runs_clean_and_checks_pass(name, kernel_name, tmp_path):
     assert any(c.source.startswith("%%ddp") for c in code_cells)
     assert all(not c.get("outputs") for c in code_cells), "committed unexecuted"
     assert not any("%matplotlib" in c.source for c in code_cells), "ipykernel renders plots inline by itself"
-    if name in LESSONS:  # the lesson shape every lesson promises
-        assert "solution" in tags, "an exercise with its solution in a separate cell"
+    if name != LESSONS[0]:  # the lesson shape every lesson after the quickstart promises
+        assert "solution" in tags and "check" in tags, "an exercise, its folded solution and a check"
         assert any(c.cell_type == "markdown" and c.source.startswith("## Check") for c in nb.cells)
 
     os.makedirs(ARTIFACTS, exist_ok=True)
     dst = os.path.join(ARTIFACTS, name)
     started = time.monotonic()
     try:
-        papermill.execute_notebook(src, dst, kernel_name=kernel_name, cwd=str(tmp_path), progress_bar=False,
-                                   request_save_on_cell_execute=False, execution_timeout=180)
+        executed.execute(src, dst, kernel_name, cwd=str(tmp_path))
     finally:
         elapsed = time.monotonic() - started
         print(f"{name}: {elapsed:.1f} s under papermill")
@@ -112,15 +100,97 @@ def test_lesson_runs_clean_and_checks_pass(name, kernel_name, tmp_path):
     assert elapsed < 120, f"{name} took {elapsed:.0f} s; lessons must stay quick on 2 CPU cores"
 
 
-def test_build_script_matches_committed_notebooks(tmp_path):
-    """notebooks/build.py is the source: the committed .ipynb files are exactly what it writes."""
-    scratch = tmp_path / "notebooks"
-    shutil.copytree(NOTEBOOKS, scratch)
-    sys.path.insert(0, str(scratch))
-    try:
-        assert _load_build(str(scratch)).main(["--check"]) == 0
-    finally:
-        sys.path.remove(str(scratch))
+@pytest.mark.parametrize("name", LESSONS[1:])
+def test_an_exercise_has_a_place_to_try_a_folded_solution_and_a_check_that_says_what_is_wrong(name):
+    """After the task: a cell the learner fills in (tag ``exercise``), the solution with its source
+    hidden until opened (tag ``solution``; papermill runs it, so the lesson stays checked), then a
+    check (tag ``check``) whose every assertion says in one line what is still wrong."""
+    cells = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4).cells
+    tagged = lambda tag: [i for i, c in enumerate(cells) if tag in c.metadata.get("tags", [])]
+    task = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("## Exercise")]
+    (tried,), solution, (check,) = tagged("exercise"), tagged("solution"), tagged("check")
+    assert task and task[0] < tried < min(solution) and max(solution) < check, (task, tried, solution, check)
+    assert all(cells[i].metadata.get("jupyter", {}).get("source_hidden") for i in solution), "solutions are folded"
+    assert cells[tried].cell_type == "code" and not cells[tried].metadata.get("jupyter"), "the place to try is open"
+    asserts = [line for line in cells[check].source.splitlines() if line.lstrip().startswith("assert ")]
+    assert asserts and all(re.search(r', f?"✗ ', line) for line in asserts), asserts
+
+
+@pytest.mark.parametrize("name", [n for n in LESSONS[1:] if n[:2] != "11"])  # 11: the pool's history is always there
+def test_a_check_run_before_any_attempt_says_so_in_one_line(name):
+    """Run straight after the lesson's parameters, the check names what to do, not a NameError."""
+    cells = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4).cells
+    (params,) = [c for c in cells if "parameters" in c.metadata.get("tags", [])]
+    (check,) = [c for c in cells if "check" in c.metadata.get("tags", [])]
+    namespace = {}
+    exec(params.source, namespace)
+    with pytest.raises(AssertionError, match=r"^✗ nothing to check yet: [^\n]+$"):
+        exec(check.source, namespace)
+
+
+def test_committed_notebooks_are_what_their_sources_build():
+    """The sources are the truth: each committed .ipynb is exactly what notebooks/build.py makes of
+    its source (no kernel: this is a text comparison)."""
+    assert build.stale_notebooks() == [], "run python notebooks/build.py"
+
+
+@pytest.mark.parametrize("source", build.sources(), ids=os.path.basename)
+def test_a_source_is_in_jupytexts_own_form_so_saving_it_from_jupyterlab_changes_nothing(source):
+    """Opened in JupyterLab through jupytext and saved, a source comes back byte for byte (no header,
+    same blank lines, magics commented as before): edits there make diffs of what changed only."""
+    import jupytext
+    text = open(source, encoding="utf-8").read()
+    assert jupytext.writes(jupytext.reads(text, fmt="py:percent"), fmt="py:percent") == text
+
+
+def test_cell_ids_are_the_cells_names_so_inserting_a_cell_renumbers_nothing(tmp_path):
+    """A cell's id is the name in its source's ``# %% NAME`` line, not its position."""
+    source = build.sources()[1]
+    before = build.read_lesson(source)
+    text = open(source, encoding="utf-8").read()
+    first = text.index("# %%", 1)  # insert a cell after the first one
+    (tmp_path / "01.py").write_text(text[:first] + "# %% inserted [markdown]\n# A new cell.\n\n" + text[first:])
+    after = build.read_lesson(str(tmp_path / "01.py"))
+    assert [c.id for c in after.cells] == [before.cells[0].id, "inserted"] + [c.id for c in before.cells[1:]]
+    (tmp_path / "02.py").write_text(text[:first] + "# %%\nx = 1\n\n" + text[first:])
+    with pytest.raises(ValueError, match="name the cell"):
+        build.read_lesson(str(tmp_path / "02.py"))
+
+
+def test_every_lesson_has_an_executed_copy_of_its_current_cells_without_machine_paths():
+    """docs/lessons/ holds each lesson run (outputs GitHub shows), of the cells its source builds today,
+    scrubbed of the machine that ran it, and small enough to browse."""
+    sizes = 0
+    for source in build.sources():
+        name = build.notebook_name(source)
+        path = os.path.join(executed.DOCS, name)
+        assert os.path.exists(path), f"no executed copy of {name}: python notebooks/executed.py {name[:-6]}"
+        copy = nbformat.read(path, as_version=4)
+        assert [(c.id, c.source) for c in copy.cells] == [(c.id, c.source) for c in build.read_lesson(source).cells], \
+            f"docs/lessons/{name} was run from an older source: python notebooks/executed.py {name[:-6]}"
+        code = [c for c in copy.cells if c.cell_type == "code"]
+        assert all(c.execution_count for c in code) and any(c.outputs for c in code), f"{name}: not executed"
+        assert not [o for c in code for o in c.outputs if o.output_type == "error"], f"{name}: an error"
+        assert executed.machine_paths(copy) == [], f"{name}: {executed.machine_paths(copy)[:3]}"
+        sizes += os.path.getsize(path)
+    assert sizes < 4 * 2**20, f"the executed lessons take {sizes / 2**20:.1f} MiB"
+
+
+def test_scrubbing_removes_what_belongs_to_the_machine():
+    """A run's folders, the repository's and the interpreter's paths, home, the host name and pids go."""
+    import socket
+    text = (f"log folder /tmp/pytest-of-ann/pytest-7/test_lesson_runs_clean_and_che3/runs/13 and "
+            f"/tmp/nbddp-lessons-x1y2/lesson-04/ckpt.pt; {ROOT}/nbddp/api.py; {sys.prefix}/lib/python3/site-packages/"
+            f"torch/x.py; {os.path.expanduser('~')}/.cache; /tmp/nbddp-0/kernel-4242/cell-3; File .nbddp-31337.py; "
+            f"on {socket.gethostname()} pid 31337")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "x", outputs=[nbformat.v4.new_output("stream", name="stdout", text=text)])])
+    assert len(executed.machine_paths(nb)) >= 5
+    clean = executed.scrub(nb).cells[0].outputs[0].text
+    assert executed.machine_paths(executed.scrub(nb)) == [], clean
+    assert "./runs/13" in clean and "./ckpt.pt" in clean and "<repo>/nbddp/api.py" in clean, clean
+    assert "31337" not in clean and "4242" not in clean, clean
+    assert len(socket.gethostname()) <= 3 or socket.gethostname() not in clean, clean  # a name as short as "vm" stays
 
 
 def _pin(text):
@@ -139,7 +209,7 @@ def test_binder_gets_cpu_torch_of_the_pinned_version_and_two_rank_lessons():
     assert os.access(post, os.X_OK) and '-e ".[lessons]"' in open(post).read(), "nbddp with the lessons extra"
     assert [line for line in req.splitlines() if line and not line.startswith(("#", "--"))] == [
         "torch==" + _pin(req) + "+cpu"], "the rest comes from the lessons extra, as on a laptop"
-    for name in LESSONS:
+    for name in LESSONS[1:]:  # the quickstart, like the demo, uses 4
         nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
         (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
         values = {}

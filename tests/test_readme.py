@@ -35,6 +35,10 @@ BLOCKS = {
     "pip install torch --index-url https://download.pytorch.org/whl/cpu":
         None,  # both lines: torch 2.13.0 is already in .venv (setup-venv.sh put it), so pip says so
     'pip install -e ".[lessons]"': None,
+    'pip install -e ".[test]"':
+        "the lesson author's commands: tests/test_notebooks.py runs what they check (each notebook is what "
+        "build.py makes of its source; every lesson runs under papermill; the executed copies are current and "
+        "scrubbed), and executed.py reruns every lesson (5 minutes more)",
     "#SBATCH --job-name=train":
         "an excerpt of the job file `%ddp_export --slurm` writes, not commands to type; "
         "tests/test_slurm.py submits the real file to a real Slurm",

@@ -1,0 +1,146 @@
+"""Executed copies of the lessons, to read without running them: docs/lessons/NN_name.ipynb.
+
+    python notebooks/executed.py                          # runs every lesson under papermill (about 5 min on 2 cores)
+    python notebooks/executed.py 03_p2p_and_collectives   # ... or only these
+    python notebooks/executed.py --from artifacts/notebooks   # reuse the copies tests/test_notebooks.py just executed
+
+GitHub and nbviewer show a notebook's outputs: the plots, the ranks' transcripts, the results. A
+copy is scrubbed of what belongs to the machine that ran it (its folders, home, interpreter, host
+name, process ids) and of papermill's timings, so it reads the same wherever it was made.
+tests/test_notebooks.py checks that every lesson has a copy of its current cells, with no machine
+path in it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import sys
+import tempfile
+
+import nbformat
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DOCS = os.path.join(ROOT, "docs", "lessons")
+KERNEL = "nbddp-lessons"
+
+# A lesson runs in a scratch folder (papermill's cwd): the paths under it are the lesson's own.
+SCRATCH = re.compile(r"(?:/private)?(?:/tmp|/var/tmp|/var/folders/[^\s'\"]+?/T)/(?:pytest-of-[^/\s]+/pytest-\d+/[^/\s'\"]+|"
+                     r"nbddp-lessons-[^/\s'\"]+/lesson-\d\d)(?=[/\s'\")\],:]|$)")
+TEMP = re.compile(r"(?:/private)?(?:/tmp|/var/tmp|/var/folders/[^\s'\"]+?/T)(?=/)")
+PIDS = [(re.compile(r"\.nbddp-\d+"), ".nbddp-PID"), (re.compile(r"\b(pid|kernel|PID)[ =](\d{2,})\b"), r"\1 PID"),
+        (re.compile(r"\bkernel-\d+\b"), "kernel-PID"), (re.compile(r"<tmp>/nbddp-\w+"), "<tmp>/nbddp-XXXX")]
+MACHINE = re.compile(r"/tmp/|/var/tmp/|/var/folders/|/home/|/root/|/Users/|pytest-of-|\.nbddp-\d")
+
+
+@contextlib.contextmanager
+def interpreter_kernel(folder: str):
+    """A kernelspec that starts this very interpreter (so a fresh .venv needs no ``ipykernel
+    install``), found through JUPYTER_PATH while the block runs."""
+    spec_dir = os.path.join(folder, "kernels", KERNEL)
+    os.makedirs(spec_dir, exist_ok=True)
+    with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
+        json.dump({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                   "display_name": "nbddp lessons", "language": "python"}, f)
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = folder + (os.pathsep + old if old else "")
+    try:
+        yield KERNEL
+    finally:
+        if old is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = old
+
+
+def execute(src: str, dst: str, kernel_name: str, cwd: str) -> None:
+    """Run one lesson headless, as tests/test_notebooks.py and this script do."""
+    import papermill
+    papermill.execute_notebook(src, dst, kernel_name=kernel_name, cwd=cwd, progress_bar=False,
+                               request_save_on_cell_execute=False, execution_timeout=180)
+
+
+def scrub_text(text: str) -> str:
+    """Machine paths and process ids out of one output text."""
+    text = SCRATCH.sub(".", text)
+    for path, placeholder in sorted(((ROOT, "<repo>"), (sys.prefix, "<venv>"), (os.path.expanduser("~"), "~")),
+                                    key=lambda pair: -len(pair[0])):
+        if len(path) > 1:
+            text = text.replace(path, placeholder)
+    text = TEMP.sub("<tmp>", text)
+    host = socket.gethostname()
+    if len(host) > 3:
+        text = re.sub(rf"\b{re.escape(host)}\b", "<host>", text)
+    for pattern, replacement in PIDS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _scrub_value(value):
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, list):
+        return [_scrub_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: (v if k.startswith("image/") else _scrub_value(v)) for k, v in value.items()}
+    return value
+
+
+def scrub(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The executed notebook without machine paths, process ids or timings."""
+    nb.metadata.pop("papermill", None)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}  # not the runner's
+    for cell in nb.cells:
+        cell.metadata.pop("papermill", None)
+        cell.metadata.pop("execution", None)
+        for output in cell.get("outputs", []):
+            for key in ("text", "data", "traceback", "evalue"):
+                if key in output:
+                    output[key] = _scrub_value(output[key])
+    return nbformat.from_dict(nb)
+
+
+def machine_paths(nb: nbformat.NotebookNode) -> list[str]:
+    """What in a notebook's outputs still looks like a machine's path (empty for a scrubbed copy)."""
+    found = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            text = json.dumps({k: v for k, v in output.items() if k != "data"} |
+                              {"data": {k: v for k, v in output.get("data", {}).items() if not k.startswith("image/")}})
+            found += [text[max(0, m.start() - 60):m.end() + 40] for m in MACHINE.finditer(text)]
+            found += [here for here in (ROOT, sys.prefix, socket.gethostname()) if len(here) > 3 and here in text]
+    return found
+
+
+def write_copy(executed: str, name: str, docs: str = DOCS) -> str:
+    os.makedirs(docs, exist_ok=True)
+    nb = scrub(nbformat.read(executed, as_version=4))
+    path = os.path.join(docs, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(nbformat.writes(nb) + "\n")
+    return path
+
+
+def main(argv: list[str]) -> int:
+    names = sorted(n for n in os.listdir(HERE) if re.fullmatch(r"\d\d_.*\.ipynb", n))
+    source = None
+    if argv[:1] == ["--from"]:
+        source, argv = argv[1], argv[2:]
+    if argv:
+        names = [n for n in names if n[:-6] in argv or n in argv]
+    with tempfile.TemporaryDirectory(prefix="nbddp-lessons-") as tmp, interpreter_kernel(os.path.join(tmp, "jupyter")) as kernel:
+        for name in names:
+            executed = os.path.join(source, name) if source else os.path.join(tmp, name)
+            if not source:
+                scratch = os.path.join(tmp, "lesson-" + name[:2])   # the lesson's files stay out of the repository
+                os.makedirs(scratch)
+                execute(os.path.join(HERE, name), executed, kernel, scratch)
+            print("wrote", os.path.relpath(write_copy(executed, name)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,125 @@
+# %% title [markdown]
+# # 01 · World size, rank, local rank, master address and port
+#
+# A distributed job is a set of processes that cooperate. Four numbers tell each process who it is:
+#
+# | term | 中文 | meaning |
+# |---|---|---|
+# | `WORLD_SIZE` | 世界大小 | how many processes take part in the whole job (all machines) |
+# | `RANK` | 全局秩 (rank) | this process's number in the job, `0 … WORLD_SIZE-1`; rank 0 is usually the "main" one |
+# | `LOCAL_RANK` | 本地秩 | its number **on its machine**, `0 … nproc_per_node-1`; picks the GPU: `cuda:LOCAL_RANK`, so `nproc_per_node` must not exceed the machine's GPUs |
+# | `GROUP_RANK` (node_rank) | 节点秩 | which machine (node) it runs on, `0 … nnodes-1` |
+# | `MASTER_ADDR` / `MASTER_PORT` | 主节点地址 / 端口 | where every process meets the others at start (rank 0's machine) |
+#
+# They are tied together by one formula:
+#
+# **global rank = node_rank × nproc_per_node + local_rank**, and **world size = nnodes × nproc_per_node**.
+#
+# `%%ddp` runs a cell as such a job on this machine, and with `--nnodes` it *simulates* several machines, so
+# the arithmetic can be seen without a cluster.
+
+# %% parameters tags=["parameters"]
+world_size = 2        # ranks for the first cell
+nnodes = 2            # simulated machines for the layout
+nproc_per_node = 2    # ranks per simulated machine
+
+# %% load-ext
+# %load_ext nbddp
+
+# %% every-rank-reads-who [markdown]
+# ## 1 · Every rank reads who it is
+# The launcher (torchrun, or `%%ddp`) puts the numbers in environment variables; `init_process_group`
+# reads them (`env://`) and then `dist.get_rank()` / `dist.get_world_size()` agree with them.
+
+# %% every-rank-reads-who-ddp
+# %%ddp -n $world_size --timeout 60 --pull seen
+import os, torch.distributed as dist
+dist.init_process_group("gloo")
+seen = {"RANK": int(os.environ["RANK"]), "WORLD_SIZE": int(os.environ["WORLD_SIZE"]),
+        "meeting point": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        "get_rank()": dist.get_rank(), "get_world_size()": dist.get_world_size()}
+print(seen)
+dist.destroy_process_group()
+
+# %% every-rank-reads-who-note [markdown]
+# `--pull seen` brings each rank's `seen` back into the notebook: a list indexed by rank, so the check below
+# reads values, not printed text.
+
+# %% every-rank-reads-who-code
+for rank, s in enumerate(seen):
+    assert s["RANK"] == s["get_rank()"] == rank and s["WORLD_SIZE"] == s["get_world_size()"] == world_size, s
+ports = {s["meeting point"] for s in seen}
+assert len(ports) == 1, ports          # every rank meets at the same address:port
+print("all ranks agree on the meeting point", ports.pop())
+
+# %% simulated-nodes-layout [markdown]
+# ## 2 · Simulated nodes: the layout
+# `--nnodes 2 --nproc-per-node 2` gives 4 ranks as if on 2 machines with 2 processes each. Each rank prints
+# its node (`GROUP_RANK`), local rank and global rank; `--pull layout` collects them.
+
+# %% simulated-nodes-layout-ddp
+# %%ddp --nnodes $nnodes --nproc-per-node $nproc_per_node --timeout 60 --pull layout
+import os
+layout = {k: int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")}
+
+# %% simulated-nodes-layout-code
+for me in layout:
+    print(f"node {me['GROUP_RANK']}  local_rank {me['LOCAL_RANK']}  ->  rank {me['RANK']}"
+          f" = {me['GROUP_RANK']} x {me['LOCAL_WORLD_SIZE']} + {me['LOCAL_RANK']}")
+
+# %% simulated-nodes-layout-note [markdown]
+# The same as a picture: one row per node, one box per process.
+
+# %% simulated-nodes-layout-code-2
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(figsize=(1.8 * nproc_per_node + 1.5, 1.1 * nnodes + 0.8))
+for me in layout:
+    x, y = me["LOCAL_RANK"], nnodes - 1 - me["GROUP_RANK"]
+    ax.add_patch(plt.Rectangle((x + 0.05, y + 0.08), 0.9, 0.84, color=f"C{me['GROUP_RANK']}", alpha=0.35))
+    ax.text(x + 0.5, y + 0.6, f"rank {me['RANK']}", ha="center", fontsize=12, weight="bold")
+    ax.text(x + 0.5, y + 0.3, f"local {me['LOCAL_RANK']}", ha="center", fontsize=9)
+ax.set_xlim(0, nproc_per_node); ax.set_ylim(0, nnodes)
+ax.set_xticks([i + 0.5 for i in range(nproc_per_node)], [f"LOCAL_RANK {i}" for i in range(nproc_per_node)])
+ax.set_yticks([nnodes - 1 - n + 0.5 for n in range(nnodes)], [f"node {n}" for n in range(nnodes)])
+ax.set_title(f"WORLD_SIZE = {nnodes} nodes x {nproc_per_node} = {nnodes * nproc_per_node}")
+plt.show()
+
+# %% check [markdown]
+# ## Check
+
+# %% check-code
+assert len(layout) == nnodes * nproc_per_node
+assert sorted(m["RANK"] for m in layout) == list(range(nnodes * nproc_per_node))
+for m in layout:
+    assert m["RANK"] == m["GROUP_RANK"] * nproc_per_node + m["LOCAL_RANK"], m
+    assert m["WORLD_SIZE"] == nnodes * nproc_per_node and m["LOCAL_WORLD_SIZE"] == nproc_per_node
+print("ok: global rank = node_rank x nproc_per_node + local_rank for every rank")
+
+# %% exercise [markdown]
+# ## Exercise
+# A job runs on 3 machines with 2 processes each. Which global rank has local rank 1 on node 2, and what is
+# the world size? Work it out, then confirm it with a `%%ddp` cell on 3 simulated nodes.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your answer: which rank, what world size? Then confirm it in a cell that starts with
+#   %%ddp --nnodes 3 --nproc-per-node 2 --timeout 60 --pull me@5
+# where every rank sets `me` to its GROUP_RANK, LOCAL_RANK and WORLD_SIZE (ints, from os.environ).
+
+# %% solution [markdown]
+# ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
+
+# %% solution-ddp tags=["solution"]
+# %%ddp --nnodes 3 --nproc-per-node 2 --ranks 5 --timeout 60 --pull me@5
+import os
+me = {k: int(os.environ[k]) for k in ("GROUP_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE")}
+print(f"node {me['GROUP_RANK']} local {me['LOCAL_RANK']} -> rank {me['RANK']} of {me['WORLD_SIZE']}")
+
+# %% check-answer tags=["check"]
+assert "me" in globals(), "✗ nothing to check yet: your cell should end with --pull me@5 (rank 5's `me`)"
+assert me["WORLD_SIZE"] == 6, f"✗ world size {me['WORLD_SIZE']}: 3 nodes x 2 processes per node make 6"
+assert (me["GROUP_RANK"], me["LOCAL_RANK"]) == (2, 1), f"✗ rank 5 runs on node {me['GROUP_RANK']} as local rank {me['LOCAL_RANK']}: 2 x 2 + 1 = 5 needs node 2, local rank 1"
+print("✓ local rank 1 on node 2 is global rank 2 x 2 + 1 = 5, in a world of 3 x 2 = 6")

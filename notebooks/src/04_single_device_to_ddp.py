@@ -1,0 +1,243 @@
+# %% title [markdown]
+# # 04 · From a single-device script to DDP (从单卡到 DistributedDataParallel)
+#
+# First a plain training script on one device. Then the same script made distributed, step by step:
+# 1. read `LOCAL_RANK` from the environment (argparse default), not from a launcher argument;
+# 2. `torch.cuda.set_device(local_rank)` — **only with GPUs**, and **before** `init_process_group`: NCCL
+#    creates its communicator on the current device, so a rank that binds later has already put a CUDA
+#    context on GPU 0 (the articles call `set_device` afterwards; with several ranks that is every rank
+#    holding memory on GPU 0). Since torch 2.3 `init_process_group(..., device_id=...)` says it explicitly;
+# 3. `dist.init_process_group(backend, init_method="env://")` — rank, world size and meeting point come from
+#    the variables the launcher set;
+# 4. wrap the model: `DDP(model, device_ids=[local_rank])` (no `device_ids` on CPU); DDP copies rank 0's
+#    weights to every rank here, and averages gradients over ranks during `backward()`;
+# 5. `DistributedSampler` gives each rank its own part of the data; `sampler.set_epoch(epoch)` reshuffles;
+# 6. save the checkpoint — model **and optimizer** — **on rank 0 only**, then `dist.barrier()` so nobody
+#    reads it before it exists;
+# 7. `dist.destroy_process_group()` at the end.
+
+# %% parameters tags=["parameters"]
+world_size = 2
+epochs = 2
+out_dir = "runs/04"
+
+# %% load-ext
+# %load_ext nbddp
+
+# %% single-device-version-runs [markdown]
+# ## 1 · The single-device version (runs in the notebook itself)
+# Its sampler is `DistributedSampler` with one replica: the same shuffle the DDP version's sampler makes, so
+# the two runs below see the same samples in the same order and their losses can be compared number for
+# number. (With `shuffle=True` in a `DataLoader` the orders differ, and so do the losses, a little.)
+
+# %% single-device-version-runs-code
+import torch
+from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
+
+def make_data():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(512, 8, generator=g)
+    y = X @ torch.arange(1.0, 9.0).unsqueeze(1) + 0.01 * torch.randn(512, 1, generator=g)
+    return TensorDataset(X, y)
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+data = make_data()
+order = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)   # one replica: all of it
+loader = DataLoader(data, batch_size=32, sampler=order)
+single_losses = []
+for epoch in range(epochs):
+    order.set_epoch(epoch)
+    total, count = 0.0, 0
+    for xb, yb in loader:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        loss.backward(); opt.step()
+        total += loss.item() * len(xb); count += len(xb)
+    single_losses.append(total / count)
+    print(f"epoch {epoch}: loss {total / count:.4f}")
+
+# %% ddp-version-run-as [markdown]
+# ## 2 · The DDP version, run as a script with arguments
+# Everything after `--` becomes `sys.argv[1:]`, as `torchrun train.py --epochs 2` would give. The cell is
+# a complete script: `%ddp_export` can write it to a file for torchrun (cell below). `--pull` brings a few
+# of its variables back to the notebook for the check; `--timeout` ends it if it ever hangs.
+
+# %% ddp-version-run-as-ddp
+# %%ddp -n $world_size --timeout 60 --pull losses@0,before_wrap,after_wrap,keys -- --epochs $epochs --out $out_dir
+import argparse, os
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
+
+def make_data():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(512, 8, generator=g)
+    y = X @ torch.arange(1.0, 9.0).unsqueeze(1) + 0.01 * torch.randn(512, 1, generator=g)
+    return TensorDataset(X, y)
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=1)
+parser.add_argument("--lr", type=float, default=0.02)
+parser.add_argument("--out", default="runs")
+parser.add_argument("--local-rank", "--local_rank", type=int,                  # (1)
+                    default=int(os.environ.get("LOCAL_RANK", 0)))
+args = parser.parse_args()
+
+use_cuda = torch.cuda.is_available()
+if use_cuda:                                                                    # (2) GPU only, first
+    torch.cuda.set_device(args.local_rank)
+device = torch.device("cuda", args.local_rank) if use_cuda else torch.device("cpu")
+dist.init_process_group("nccl" if use_cuda else "gloo", init_method="env://")   # (3)
+rank, world = dist.get_rank(), dist.get_world_size()
+
+torch.manual_seed(rank)                  # different on purpose: DDP(...) copies rank 0's weights to all
+model = torch.nn.Linear(8, 1).to(device)
+before_wrap = model.weight.sum().item()
+model = DDP(model, device_ids=[args.local_rank] if use_cuda else None)         # (4)
+after_wrap = model.module.weight.sum().item()
+opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+data = make_data()
+sampler = DistributedSampler(data, shuffle=True, seed=0)                        # (5)
+loader = DataLoader(data, batch_size=32 // world, sampler=sampler)             # same global batch
+losses = []
+for epoch in range(args.epochs):
+    sampler.set_epoch(epoch)                     # a different shuffle every epoch
+    stats = torch.zeros(2, device=device)
+    for xb, yb in loader:
+        xb, yb = xb.to(device), yb.to(device)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        loss.backward()                          # DDP all-reduces the gradients here
+        opt.step()
+        stats += torch.tensor([loss.item() * len(xb), len(xb)], device=device)
+    dist.all_reduce(stats)                       # loss over all ranks' samples
+    losses.append((stats[0] / stats[1]).item())
+    if rank == 0:
+        print(f"epoch {epoch}: loss {losses[-1]:.4f} ({int(stats[1])} samples)")
+
+keys = {"model.state_dict()": list(model.state_dict()), "model.module.state_dict()": list(model.module.state_dict())}
+if rank == 0:                                                                   # (6)
+    os.makedirs(args.out, exist_ok=True)
+    torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict(), "epochs": args.epochs},
+               f"{args.out}/ckpt.pt")
+dist.barrier()                                   # rank 0 has written it before anyone goes on
+ckpt = torch.load(f"{args.out}/ckpt.pt", map_location=device)
+print(f"rank {rank}: loaded checkpoint of epoch {ckpt['epochs']}, weight sum "
+      f"{model.module.weight.sum().item():.6f}")
+dist.destroy_process_group()                                                    # (7)
+
+# %% ddp-version-run-as-code
+# %ddp_export $out_dir/train_ddp.py
+
+# %% ddp-version-run-as-note [markdown]
+# **`model.module`.** DDP wraps your model: its `state_dict()` names every tensor `module.…`
+# (`keys` above). Save `model.module.state_dict()` so the file loads into a plain model — on one GPU, for
+# inference, or before the next `DDP(...)`; a `module.`-prefixed file does not:
+
+# %% ddp-version-run-as-code-2
+print(keys[0])
+plain = torch.nn.Linear(8, 1)
+try:
+    plain.load_state_dict({"module.weight": plain.weight.data, "module.bias": plain.bias.data})
+    raise AssertionError("expected a key mismatch")
+except RuntimeError as exc:
+    prefix_error = str(exc).splitlines()[0] + " " + str(exc).splitlines()[1].strip()
+print(prefix_error)
+
+# %% which-gpu-each-rank [markdown]
+# ## 3 · Which GPU each rank gets
+# With GPUs, rank *r* of a node uses `cuda:LOCAL_RANK`, so a node can run at most as many ranks as it has
+# GPUs (`nproc_per_node ≤ GPUs`): NCCL refuses two ranks on one GPU ("Duplicate GPU detected") and
+# `set_device` past the last GPU is `invalid device ordinal`. Schedulers choose GPUs with
+# `CUDA_VISIBLE_DEVICES`: a rank sees only those, renumbered from 0, so `cuda:LOCAL_RANK` still works.
+# `%%ddp --gpus 1,3` does the same. nbddp's placement rules are plain functions of the GPU count, so they
+# can be shown on this CPU machine for an imagined node with 4 GPUs:
+
+# %% which-gpu-each-rank-code
+from nbddp import DDPUsageError
+from nbddp.core.spec import make_spec
+from nbddp.core.placement import plan
+for line, gpus in (("-n 4", None), ("-n 2 --gpus 1,3", (1, 3))):
+    p = plan(make_spec(n=4 if gpus is None else 2, gpus=gpus), device_count=4)
+    seen = dict(p.env).get("CUDA_VISIBLE_DEVICES", "all 4")
+    for local in range(len(p.devices)):
+        print(f"%%ddp {line:16} local rank {local}: CUDA_VISIBLE_DEVICES={seen:6} -> {p.device_of(local)} "
+              f"= physical GPU {p.physical[local]}, backend {p.backend}")
+print("-n 8 --backend auto on 4 GPUs:", plan(make_spec(n=8), device_count=4).note)
+try:
+    plan(make_spec(n=8, backend="nccl"), device_count=4)
+except DDPUsageError as exc:   # a ValueError; %%ddp shows it as a UsageError
+    too_many = str(exc)
+print("-n 8 --backend nccl on 4 GPUs:", too_many)
+
+# %% check [markdown]
+# ## Check
+
+# %% check-code
+import os
+assert _ddp.ok
+assert len(losses) == epochs and losses[-1] < losses[0], losses
+assert max(abs(a - b) for a, b in zip(losses, single_losses)) < 1e-3, (losses, single_losses)  # same numbers
+if world_size > 1:
+    assert len(set(before_wrap)) == world_size, before_wrap          # each rank made different weights ...
+assert set(after_wrap) == {before_wrap[0]}, after_wrap               # ... and DDP gave all of them rank 0's
+assert keys[0]["model.state_dict()"] == ["module.weight", "module.bias"] and "Missing key" in prefix_error
+ckpt = torch.load(f"{out_dir}/ckpt.pt")
+assert ckpt["optimizer"]["state"][0]["momentum_buffer"].shape == (1, 8)   # momentum saved with the model
+assert os.path.exists(f"{out_dir}/train_ddp.py")
+assert "nccl needs one GPU per rank" in too_many
+print("ok: DDP losses", [round(l, 4) for l in losses], "= single device", [round(l, 4) for l in single_losses],
+      "(same samples, same order, same global batch of 32)")
+
+# %% exercise [markdown]
+# ## Exercise
+# Resume training: start a second job that loads `ckpt.pt` on every rank **before** wrapping with DDP, and
+# restores the optimizer too (its momentum is part of the training state: without it the next steps differ
+# from an uninterrupted run), trains one more epoch, and prints the loss.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your resumed training here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --pull resumed@0 -- --out $out_dir
+# where rank 0's `resumed` is the mean loss of the extra epoch (a float).
+
+# %% solution [markdown]
+# ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
+
+# %% solution-ddp tags=["solution"]
+# %%ddp -n $world_size --timeout 60 --pull resumed@0 -- --out $out_dir
+import argparse, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
+args = argparse.ArgumentParser(); args.add_argument("--out"); args = args.parse_args()
+dist.init_process_group("gloo")
+g = torch.Generator().manual_seed(0)
+X = torch.randn(512, 8, generator=g); y = X @ torch.arange(1.0, 9.0).unsqueeze(1) + 0.01 * torch.randn(512, 1, generator=g)
+data = TensorDataset(X, y)
+model = torch.nn.Linear(8, 1)
+ckpt = torch.load(f"{args.out}/ckpt.pt")
+model.load_state_dict(ckpt["model"])
+model = DDP(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+opt.load_state_dict(ckpt["optimizer"])               # momentum buffers, as they were
+sampler = DistributedSampler(data, seed=0); sampler.set_epoch(ckpt["epochs"])
+stats = torch.zeros(2)
+for xb, yb in DataLoader(data, batch_size=32 // dist.get_world_size(), sampler=sampler):
+    opt.zero_grad(); loss = torch.nn.functional.mse_loss(model(xb), yb); loss.backward(); opt.step()
+    stats += torch.tensor([loss.item() * len(xb), len(xb)])
+dist.all_reduce(stats)
+resumed = (stats[0] / stats[1]).item()
+if dist.get_rank() == 0:
+    print(f"resumed epoch {ckpt['epochs']}: loss {resumed:.4f}")
+dist.destroy_process_group()
+
+# %% check-answer tags=["check"]
+assert "resumed" in globals(), "✗ nothing to check yet: your cell should end with --pull resumed@0"
+assert resumed < losses[-1], f"✗ the resumed epoch's loss {resumed:.4f} is not below the last one before the checkpoint ({losses[-1]:.4f}): did every rank load the model (before DDP) and the optimizer?"
+print(f"✓ training went on from the checkpoint: loss {losses[-1]:.4f} -> {resumed:.4f}")

@@ -1,0 +1,268 @@
+# %% title [markdown]
+# # 06 · Pitfalls, reproduced (常见错误复现)
+#
+# Mistakes everybody makes once. Each is reproduced on purpose here, caught, and checked, so you recognise
+# the message when it happens for real — first as plain torch reports it (a subprocess with plain `python`,
+# or the cell under real torchrun), then as `%%ddp` does, which stops some of them earlier.
+
+# %% parameters tags=["parameters"]
+world_size = 2
+hang_timeout = 5
+
+# %% load-ext
+# %load_ext nbddp
+
+# %% env-without-launcher-master_addr [markdown]
+# ## 1 · `env://` without a launcher: `MASTER_ADDR expected, but not set`
+# `init_process_group` with the default `env://` reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`.
+# Run the script with plain `python` (here: a subprocess, not under nbddp) and they are missing.
+
+# %% env-without-launcher-master_addr-code
+import os, subprocess, sys
+clean = {k: v for k, v in os.environ.items()
+         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+script = "import torch.distributed as dist\ndist.init_process_group('gloo', init_method='env://')"
+plain = subprocess.run([sys.executable, "-c", script], env=clean, capture_output=True, text=True)
+print("exit code", plain.returncode, "|", plain.stderr.strip().splitlines()[-1])
+# the usual half-fix: rank and world size set by hand, the meeting point forgotten
+half = subprocess.run([sys.executable, "-c", script], env=dict(clean, RANK="0", WORLD_SIZE="1"),
+                      capture_output=True, text=True)
+print("exit code", half.returncode, "|", half.stderr.strip().splitlines()[-1])
+
+# %% env-without-launcher-master_addr-code-2
+assert plain.returncode != 0 and "environment variable RANK expected, but not set" in plain.stderr
+assert "environment variable MASTER_ADDR expected, but not set" in half.stderr
+
+# %% env-without-launcher-master_addr-note [markdown]
+# **Fix**: start it with `torchrun` (or `%%ddp`), which sets all four; or set them yourself.
+
+# %% collective-inside-if-rank [markdown]
+# ## 2 · A collective inside `if rank == 0:` — the hang
+# A collective must be called by **every** rank. Below only rank 0 calls `all_reduce`; rank 1 goes on to the
+# `barrier`. Neither can finish: a hang, with no error message at all. `--timeout` stops it and shows
+# **where each rank is blocked** (nbddp asks each rank for its Python stack before stopping it).
+
+# %% collective-inside-if-rank-ddp
+import nbddp
+hang = '''
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(1)
+if rank == 0:
+    dist.all_reduce(t)          # only rank 0 gets here
+dist.barrier()                  # the others wait here, forever
+'''
+try:
+    get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout {hang_timeout}", hang)
+    raise AssertionError("expected a timeout")
+except nbddp.DDPTimeout as exc:
+    timed_out = exc.result
+for r in timed_out.ranks:
+    print(f"rank {r.rank}: {r.state}; blocked at {r.blocked_at}")
+print(timed_out.notes[-1])
+
+# %% collective-inside-if-rank-code
+assert timed_out.timed_out and all(r.state == "timed out" for r in timed_out.ranks)
+assert "all_reduce" in timed_out.ranks[0].blocked_at
+if world_size > 1:
+    assert "barrier" in timed_out.ranks[1].blocked_at
+    assert "not all in the same collective" in timed_out.notes[-1]
+assert "all_reduce" in timed_out.ranks[0].stack          # the full Python stack of the rank
+
+# %% collective-inside-if-rank-note [markdown]
+# **Fix**: every rank calls the collective; only the *use* of the result is rank-dependent:
+# `dist.all_reduce(t)` then `if rank == 0: print(t)`.
+#
+# ## 3 · Port conflict: `MASTER_PORT` already taken
+# Another job (or a crashed one) still holds the port — most often torch's **default, 29500**: `torchrun`
+# with `--nnodes` > 1 and no `--master-port` uses it, and so do the articles' examples, so two such jobs on
+# one machine collide. What torch itself does: rank 0 tries to host the store on that port and fails with
+# `EADDRINUSE` (run for real below, plain `python`, no nbddp). `%%ddp` checks the port before starting
+# anything and says so in one line.
+
+# %% collective-inside-if-rank-ddp-2
+import socket
+from IPython.core.error import UsageError
+holder = socket.socket(); holder.bind(("127.0.0.1", 0)); holder.listen()
+busy_port = holder.getsockname()[1]
+env = dict(clean, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(busy_port))
+torch_itself = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+print("plain torch: exit code", torch_itself.returncode, "|", torch_itself.stderr.strip().splitlines()[-1].split("Error: ")[-1])
+try:
+    get_ipython().run_cell_magic("ddp", f"-n {world_size} --master-port {busy_port} --timeout 60", "print('never runs')")
+    raise AssertionError("expected a UsageError")
+except UsageError as exc:
+    port_error = str(exc)
+finally:
+    holder.close()
+print(port_error)
+
+# %% collective-inside-if-rank-code-2
+assert torch_itself.returncode != 0 and "EADDRINUSE" in torch_itself.stderr
+assert f"MASTER_PORT {busy_port} is already in use" in port_error
+
+# %% collective-inside-if-rank-note-2 [markdown]
+# **Fix**: pick another port, or leave `--master-port` out (`%%ddp` picks a free one per launch; with torchrun
+# `--standalone` or `--rdzv-endpoint localhost:0` do the same).
+#
+# ## 4 · A multi-node configuration that does not add up
+# `WORLD_SIZE` must be `nnodes × nproc_per_node`. 4 processes cannot be spread evenly over 3 machines, and
+# asking for 4 ranks while saying 3 per node on 2 nodes (= 6) contradicts itself.
+
+# %% collective-inside-if-rank-ddp-3
+config_errors = {}
+for line in ("-n 4 --nnodes 3", "-n 4 --nproc-per-node 3 --nnodes 2"):
+    try:
+        get_ipython().run_cell_magic("ddp", line + " --timeout 60", "print('never runs')")
+    except UsageError as exc:
+        config_errors[line] = str(exc)
+        print(f"%%ddp {line}\n    -> {exc}")
+
+# %% collective-inside-if-rank-note-3 [markdown]
+# With real machines the same mistake does not fail fast: node 0 says `--nnodes 2`, node 1 is never started
+# (or says `--nnodes 3`), and rank 0 **waits at the rendezvous** for processes that never come. Here is node 0
+# of a 2-node job alone, with a short timeout instead of the default 30 minutes:
+
+# %% collective-inside-if-rank-code-3
+lonely = '''
+import datetime, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
+'''
+env = dict(clean, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(busy_port))
+alone = subprocess.run([sys.executable, "-c", lonely], env=env, capture_output=True, text=True, timeout=60)
+print("exit code", alone.returncode, "|", alone.stderr.strip().splitlines()[-1][:300])
+
+# %% tutorial-s-own-setup [markdown]
+# ## 5 · A tutorial's own `setup()`: hangs under torchrun, runs under `%%ddp`
+# PyTorch's DDP tutorial starts each process with its own meeting point and numbers:
+# `os.environ["MASTER_PORT"] = "12355"` then `init_process_group("gloo", rank=rank, world_size=world_size)`
+# (or `init_method="tcp://127.0.0.1:12355"`). Under `torchrun --standalone` that code **hangs**: torchrun tells
+# its ranks `TORCHELASTIC_USE_AGENT_STORE=True` ("the launcher hosts the store"), so rank 0 too waits as a
+# client on a port no one serves. `%%ddp` sets the same variable, but uses its own store only when the cell
+# aims at it; aimed elsewhere, rank 0 hosts the store as in a plain script, and the cell runs. The same holds
+# in processes a rank starts with `mp.spawn` (the tutorial's whole script in a `%%ddp -n 1` cell runs).
+# First, what torch itself does: the cell under real torchrun (`--launcher torchrun`), stopped by `--timeout`.
+
+# %% tutorial-s-own-setup-ddp
+with socket.socket() as s:                    # the tutorial's 12355 may be taken on a shared machine
+    s.bind(("127.0.0.1", 0)); tutorial_port = s.getsockname()[1]
+tutorial = f'''
+import os, torch, torch.distributed as dist
+
+def setup(rank, world_size):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = "{tutorial_port}"
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+setup(int(os.environ["RANK"]), {world_size})
+t = torch.ones(1); dist.all_reduce(t)
+print("all_reduce over the tutorial's own rendezvous:", t.item())
+dist.destroy_process_group()
+'''
+try:
+    get_ipython().run_cell_magic("ddp", f"-n {world_size} --launcher torchrun --timeout {4 * hang_timeout}", tutorial)
+    raise AssertionError("expected torchrun's ranks to hang")
+except nbddp.DDPTimeout as exc:
+    under_torchrun = exc.result
+for r in under_torchrun.ranks:
+    print(f"under torchrun, rank {r.rank}: {r.state}; blocked at {r.blocked_at}")
+
+# %% tutorial-s-own-setup-note [markdown]
+# The same cell under `%%ddp`:
+
+# %% tutorial-s-own-setup-ddp-2
+get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60", tutorial)
+own_rendezvous = _ddp
+
+# %% tutorial-s-own-setup-note-2 [markdown]
+# What cannot work on one machine fails at once, naming the line: an address that is not this machine's,
+# a port another process holds, or a `world_size` other than the launch's. Plain torch does not fail there:
+# with `world_size` one too many, the ranks wait for a rank that never comes, for the default 30 minutes.
+# Run for real, plain `python` processes with the tutorial's `setup()`, left 5 s after every one of them has
+# reached `init_process_group`:
+
+# %% tutorial-s-own-setup-code
+import glob, time
+os.makedirs("runs/06", exist_ok=True)
+for f in glob.glob("runs/06/joining-*"):
+    os.remove(f)
+too_big = ("import os\nopen('runs/06/joining-' + os.environ['RANK'], 'w').close()   # 'I got this far'\n"
+           + tutorial.replace(f", {world_size})", f", {world_size + 1})").replace(str(tutorial_port), str(busy_port)))
+procs = [subprocess.Popen([sys.executable, "-c", too_big], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=dict(clean, RANK=str(r)))
+         for r in range(world_size)]
+deadline = time.monotonic() + 120
+while len(glob.glob("runs/06/joining-*")) < world_size and time.monotonic() < deadline:
+    time.sleep(0.2)
+time.sleep(5)
+still_waiting = [p.poll() is None for p in procs]
+for p in procs:
+    p.kill()
+printed = [p.communicate()[0] for p in procs]
+print(f"plain torch, world_size={world_size + 1} with {world_size} processes: still waiting after 5 s:",
+      still_waiting)
+
+# %% tutorial-s-own-setup-note-3 [markdown]
+# `%%ddp` refuses the same cell at once:
+
+# %% tutorial-s-own-setup-ddp-3
+try:
+    get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60", tutorial.replace(f", {world_size})", f", {world_size + 1})"))
+    raise AssertionError("expected a DDPError")
+except nbddp.DDPError as exc:
+    wrong_size = exc.result
+failed = [r for r in wrong_size.ranks if r.state == "failed"][0]
+print(failed.cause, "\nHint:", failed.hint)
+
+# %% tutorial-s-own-setup-code-2
+assert under_torchrun.timed_out and any("init_process_group" in (r.stack or "") for r in under_torchrun.ranks), \
+    [r.stack for r in under_torchrun.ranks]
+assert all(still_waiting) and not any("rendezvous:" in out for out in printed), printed
+assert own_rendezvous.ok and all(f"rendezvous: {world_size:.1f}" in r.stdout for r in own_rendezvous.ranks)
+assert f"world_size={world_size + 1} (set at cell line 10: setup(" in failed.cause
+assert f"but this %%ddp launch has {world_size} ranks" in failed.cause and failed.hint
+
+# %% check [markdown]
+# ## Check
+
+# %% check-code
+assert "cannot be split evenly over --nnodes 3" in config_errors["-n 4 --nnodes 3"]
+assert "disagrees with --nproc-per-node 3 x --nnodes 2 = 6" in config_errors["-n 4 --nproc-per-node 3 --nnodes 2"]
+assert alone.returncode != 0 and ("timed out" in alone.stderr.lower() or "timeout" in alone.stderr.lower())
+print("ok: all four pitfalls reproduced and recognised")
+
+# %% exercise [markdown]
+# ## Exercise
+# Fix the hanging cell of section 2 so that it finishes, still printing the sum on rank 0 only.
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your fixed cell here; it starts with
+#   %%ddp -n $world_size --timeout 60 --pull total@0
+# and rank 0 sets `total` to the sum it printed.
+
+# %% solution [markdown]
+# ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
+
+# %% solution-ddp tags=["solution"]
+# %%ddp -n $world_size --timeout 60 --pull total@0
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(1)
+dist.all_reduce(t)              # every rank
+total = t.item()
+if rank == 0:
+    print(f"sum = {total:.0f}")     # only the printing depends on the rank
+dist.barrier()
+dist.destroy_process_group()
+
+# %% check-answer tags=["check"]
+assert "total" in globals(), "✗ nothing to check yet: your cell should end with --pull total@0"
+assert _ddp.ok, f"✗ the cell did not finish: {_ddp.summary()} (every rank must call the collective, not only rank 0)"
+assert total == world_size, f"✗ rank 0's sum is {total}, not {world_size}: every rank contributes its 1 to all_reduce"
+print(f"✓ every rank reached the all_reduce; rank 0 printed sum = {total:.0f}")

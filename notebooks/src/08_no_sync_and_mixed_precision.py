@@ -1,0 +1,250 @@
+# %% title [markdown]
+# # 08 · Gradient accumulation with `no_sync()`, and mixed precision (梯度累积与混合精度)
+#
+# **Accumulation** (梯度累积): a big batch does not fit, so run `k` micro-batches and step once. With DDP,
+# every `backward()` all-reduces gradients — wasted for the first `k-1` micro-batches. Inside
+# `with model.no_sync():` DDP only accumulates locally; the last `backward()` outside it syncs everything.
+# The result must equal one step on the **whole global batch** — we check exactly that.
+#
+# Two things the article's accumulation loop leaves out, and this lesson adds:
+# 1. it calls `loss.backward()` on every micro-batch **without `no_sync()`**: correct numbers, but `k`
+#    all-reduces per step instead of one;
+# 2. it does **not divide the loss by `k`**: gradients add up over the micro-batches, so the step is `k`
+#    times too big (as if the learning rate were `k ×` larger). `loss / k` makes the sum the mean.
+#
+# And one the article's wording hides: the **forward** must run inside `no_sync()` too. DDP decides in
+# `forward()` whether the coming backward synchronises; a forward outside with only `backward()` inside
+# still all-reduces (section 1 measures it).
+#
+# **Mixed precision** (混合精度): on CPU, `torch.autocast("cpu", dtype=torch.bfloat16)` runs matmuls in
+# bfloat16 while the weights stay float32. The classic recipe is fp16 + `GradScaler` (scales the loss so
+# small fp16 gradients do not underflow); `torch.amp.GradScaler("cpu")` runs it here too (section 3).
+# The article's `torch.cuda.amp.autocast()` / `torch.cuda.amp.GradScaler()` are deprecated: use
+# `torch.autocast("cuda", ...)` and `torch.amp.GradScaler("cuda")`.
+
+# %% parameters tags=["parameters"]
+world_size = 2
+accum = 4
+
+# %% load-ext
+# %load_ext nbddp
+
+# %% no_sync-gives-big-batch [markdown]
+# ## 1 · `no_sync` gives the big-batch gradient, with one all-reduce instead of `accum`
+# A DDP comm hook counts how often DDP all-reduces: it is called **once per gradient bucket** each time DDP
+# synchronises (DDP packs gradients into buckets of `bucket_cap_mb`, 25 MB by default; this model fits in
+# one, lesson 12 shows more). A plain copy of the model computes the big-batch gradient. Three ways to
+# accumulate: `no_sync` around forward and backward, no `no_sync` at all (the article's loop, with the loss
+# divided by `accum`), and `no_sync` around the backward only.
+
+# %% no_sync-gives-big-batch-ddp
+# %%ddp -n $world_size --timeout 60 --pull results -- $accum
+import contextlib, copy, sys
+import torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+dist.init_process_group("gloo")
+rank, world, accum, micro = dist.get_rank(), dist.get_world_size(), int(sys.argv[1]), 8
+
+g = torch.Generator().manual_seed(1)
+X = torch.randn(world * accum * micro, 6, generator=g); Y = torch.randn(world * accum * micro, 1, generator=g)
+mine = slice(rank * accum * micro, (rank + 1) * accum * micro)     # this rank's part of the global batch
+
+def run(how):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    reference = copy.deepcopy(net)
+    model = DDP(net)
+    buckets = []
+    def counting(state, bucket):
+        buckets.append(bucket.index())
+        return allreduce_hook(state, bucket)
+    model.register_comm_hook(None, counting)
+    Xr, Yr = X[mine], Y[mine]
+    for i in range(accum):
+        quiet = model.no_sync() if i < accum - 1 else contextlib.nullcontext()
+        xb, yb = Xr[i * micro:(i + 1) * micro], Yr[i * micro:(i + 1) * micro]
+        if how == "backward only in no_sync":
+            loss = F.mse_loss(model(xb), yb) / accum      # forward outside: DDP already decided to sync
+            with quiet:
+                loss.backward()
+        else:
+            with quiet if how == "no_sync" else contextlib.nullcontext():
+                loss = F.mse_loss(model(xb), yb) / accum
+                loss.backward()
+    F.mse_loss(reference(X), Y).backward()        # one step on the whole global batch, no DDP
+    err = max((p.grad - q.grad).abs().max().item() for p, q in zip(model.module.parameters(), reference.parameters()))
+    return {"hook calls": len(buckets), "buckets": len(set(buckets)), "max grad diff": err}
+
+results = {how: run(how) for how in ("no_sync", "no no_sync", "backward only in no_sync")}
+for how, r in results.items():
+    print(f"{how:25} {r}")
+dist.destroy_process_group()
+
+# %% no_sync-gives-big-batch-code
+for rank, per_how in enumerate(results):                  # --pull results: one dict per rank
+    for how, r in per_how.items():
+        print(f"rank {rank} {how:25}: {r['hook calls']} all-reduce call(s) over {r['buckets']} bucket(s), "
+              f"max |grad - big batch grad| = {r['max grad diff']:.1e}")
+
+# %% bfloat16-autocast-on-cpu [markdown]
+# ## 2 · bfloat16 autocast on CPU
+# The forward runs in bfloat16 under `autocast`; the loss is computed in float32 and gradients land on the
+# float32 weights.
+
+# %% bfloat16-autocast-on-cpu-ddp
+# %%ddp -n $world_size --timeout 60 --pull amp
+import torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+g = torch.Generator().manual_seed(dist.get_rank())
+X = torch.randn(256, 16, generator=g); y = X[:, :1] * 2
+losses = []
+for step in range(30):
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(X)
+    loss = F.mse_loss(out.float(), y)
+    loss.backward(); opt.step()
+    losses.append(loss.item())
+p = next(model.parameters())
+amp = {"out": str(out.dtype), "weights": str(p.dtype), "grads": str(p.grad.dtype), "first": losses[0], "last": losses[-1]}
+print(amp)
+dist.destroy_process_group()
+
+# %% fp16-gradscaler-on-cpu [markdown]
+# ## 3 · fp16 + `GradScaler`, on CPU
+# `GradScaler` multiplies the loss by a large scale (65536 at first) before `backward()`, divides the
+# gradients by it before the step, and when a gradient is `inf`/`nan` **skips the step and halves the
+# scale** (here the first steps overflow fp16 by themselves: the scale finds its level). One step below is
+# given an infinite loss on purpose: the weights do not move and the scale halves.
+# The deprecated spellings are called too, to show their warnings.
+
+# %% fp16-gradscaler-on-cpu-ddp
+# %%ddp -n $world_size --timeout 60 --pull scaled@0
+import warnings, torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+scaler = torch.amp.GradScaler("cpu")
+X = torch.randn(256, 16); y = X[:, :1] * 2
+scaled = {"scale at start": scaler.get_scale()}
+for step in range(20):
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.mse_loss(model(X).float(), y)
+    if step == 10:
+        loss = loss * float("inf")               # an overflow, on purpose
+        before = model.module.weight.detach().clone()
+        scaled["scale before the inf step"] = scaler.get_scale()
+    scaler.scale(loss).backward()                # scaled loss: fp16 grads do not underflow
+    scaler.step(opt)                             # unscales; skips the step on inf/nan
+    scaler.update()                              # and then halves the scale
+    if step == 10:
+        scaled["weights moved on the inf step"] = not torch.equal(before, model.module.weight)
+        scaled["scale after the inf step"] = scaler.get_scale()
+scaled["last loss"] = loss.item()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    torch.cuda.amp.GradScaler()
+scaled["deprecated"] = [str(w.message).split(" instead")[0] for w in caught if "deprecated" in str(w.message)]
+if dist.get_rank() == 0:
+    print(scaled)
+dist.destroy_process_group()
+
+# %% cuda-fp16-gradscaler-runs [markdown]
+# ## 4 · CUDA: fp16 + GradScaler (runs only with one GPU per rank)
+
+# %% cuda-fp16-gradscaler-runs-ddp
+# %%ddp -n $world_size --timeout 60
+import os, torch
+if not (torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])):
+    print("skipped: needs one CUDA GPU per rank")
+else:
+    import torch.distributed as dist, torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    model = DDP(torch.nn.Linear(16, 1).cuda(), device_ids=[local])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cuda")
+    X = torch.randn(256, 16, device="cuda"); y = X[:, :1] * 2
+    for step in range(30):
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.mse_loss(model(X).float(), y)
+        scaler.scale(loss).backward()     # scaled loss: fp16 grads do not underflow
+        scaler.step(opt)                  # unscales; skips the step on inf/nan
+        scaler.update()
+    print(f"fp16 loss {loss.item():.3f}, scale {scaler.get_scale():.0f}")
+    dist.destroy_process_group()
+
+# %% check [markdown]
+# ## Check
+
+# %% check-code
+assert _ddp.ok and all(("skipped" in r.stdout) or ("fp16 loss" in r.stdout) for r in _ddp.ranks)
+for a in amp:
+    assert (a["out"], a["weights"], a["grads"]) == ("torch.bfloat16", "torch.float32", "torch.float32"), a
+    assert a["last"] < a["first"] / 2, a                                # bf16 autocast still trains
+for per_how in results:
+    quiet, chatty, half = per_how["no_sync"], per_how["no no_sync"], per_how["backward only in no_sync"]
+    assert all(r["max grad diff"] < 1e-5 for r in per_how.values()), per_how   # all equal the big batch
+    assert quiet["buckets"] == 1 and quiet["hook calls"] == 1            # one bucket, synced once
+    assert chatty["hook calls"] == accum * quiet["hook calls"], per_how  # no_sync saved accum-1 all-reduces
+    assert half["hook calls"] == chatty["hook calls"], per_how           # forward outside no_sync: no saving
+assert scaled["scale at start"] == 65536.0, scaled
+assert scaled["scale after the inf step"] == scaled["scale before the inf step"] / 2, scaled      # halved
+assert not scaled["weights moved on the inf step"] and scaled["deprecated"], scaled
+print("ok: no_sync accumulation == big batch, with", results[0]["no_sync"]["hook calls"], "instead of",
+      results[0]["no no_sync"]["hook calls"], "all-reduce calls; GradScaler skipped the overflowing step")
+
+# %% exercise [markdown]
+# ## Exercise
+# Accumulate over `accum` micro-batches with `no_sync()` **and** bfloat16 autocast, then check on every rank
+# that the weights after the step are identical across ranks (`all_gather` a checksum).
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your accumulation here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --pull identical -- $accum
+# where each rank sets `identical` to whether all ranks' weight checksums are equal after the step.
+
+# %% solution [markdown]
+# ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
+
+# %% solution-ddp tags=["solution"]
+# %%ddp -n $world_size --timeout 60 --pull identical -- $accum
+import contextlib, sys, torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+rank, world, accum = dist.get_rank(), dist.get_world_size(), int(sys.argv[1])
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(6, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(rank)
+for i in range(accum):
+    ctx = model.no_sync() if i < accum - 1 else contextlib.nullcontext()
+    with ctx:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(torch.randn(8, 6, generator=g))
+        (out.float().pow(2).mean() / accum).backward()
+opt.step()
+checksum = torch.tensor([sum(p.sum().item() for p in model.parameters())])
+every = [torch.zeros(1) for _ in range(world)]; dist.all_gather(every, checksum)
+identical = all(torch.equal(e, every[0]) for e in every)
+print(f"replicas identical: {identical}")
+dist.destroy_process_group()
+
+# %% check-answer tags=["check"]
+assert "identical" in globals(), "✗ nothing to check yet: your cell should end with --pull identical"
+assert all(identical), f"✗ ranks {[r for r, i in enumerate(identical) if not i]} see different weights: the last micro-batch must run outside no_sync() so its backward all-reduces"
+print("✓ no_sync() accumulation with bfloat16 autocast leaves identical replicas")

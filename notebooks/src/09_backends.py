@@ -1,0 +1,146 @@
+# %% title [markdown]
+# # 09 · Backends: gloo, NCCL, MPI (通信后端)
+#
+# | backend | devices | when to use |
+# |---|---|---|
+# | **gloo** | CPU tensors (and CUDA for some ops, slowly) | CPU training, tests, a laptop; ships with every torch build |
+# | **NCCL** | CUDA tensors only | GPU training — the fastest on NVIDIA GPUs (NVLink, InfiniBand); Linux + CUDA builds |
+# | **MPI** | CPU (CUDA with a CUDA-aware MPI) | HPC clusters with an MPI installation; needs torch **built from source** with MPI |
+#
+# Rule of thumb: `"nccl"` for GPUs, `"gloo"` for CPU. `nbddp.backend()` returns exactly that (or what
+# `%%ddp --backend` asked for).
+
+# %% parameters tags=["parameters"]
+world_size = 2
+reps = 7
+max_log2 = 20      # largest tensor: 2**20 floats = 4 MiB
+
+# %% load-ext
+# %load_ext nbddp
+
+# %% what-this-torch-can [markdown]
+# ## 1 · What this torch can do
+
+# %% what-this-torch-can-code
+import torch, torch.distributed as dist
+available = {
+    "gloo": dist.is_gloo_available(),
+    "nccl": dist.is_nccl_available(),
+    "mpi": dist.is_mpi_available(),
+}
+print("torch", torch.__version__, "| CUDA available:", torch.cuda.is_available(), "| GPUs:", torch.cuda.device_count())
+for name, ok in available.items():
+    print(f"{name:5} built in: {ok}")
+
+# %% what-this-torch-can-ddp
+# %%ddp -n $world_size --timeout 60 --pull in_use
+import nbddp, torch.distributed as dist
+dist.init_process_group(nbddp.backend())
+in_use = dist.get_backend()
+print(f"rank {dist.get_rank()}: nbddp.backend() = {nbddp.backend()}, in use: {in_use}")
+dist.destroy_process_group()
+
+# %% what-this-torch-can-code-2
+chosen = "nccl" if torch.cuda.is_available() else "gloo"
+assert in_use == [chosen] * world_size, in_use
+
+# %% what-this-torch-can-note [markdown]
+# Asking for NCCL on a machine without it fails at once, with a hint (caught here on purpose):
+
+# %% what-this-torch-can-code-3
+import nbddp
+if not available["nccl"]:
+    try:
+        nbddp.run("import torch.distributed as dist\ndist.init_process_group('nccl')\n", n=world_size, timeout=60)
+        raise AssertionError("expected an error")
+    except nbddp.DDPError as exc:
+        nccl_error = exc.result.failed[0]
+    print(nccl_error.cause, "\nhint:", nccl_error.hint)
+    assert "NCCL" in nccl_error.cause and "gloo" in nccl_error.hint
+else:
+    print("NCCL is available here")
+
+# %% measured-gloo-all_reduce-time [markdown]
+# ## 2 · Measured: gloo `all_reduce` time vs tensor size
+# Small tensors cost a fixed latency; large ones are limited by bandwidth. (This is why DDP packs gradients
+# into ~25 MB *buckets* instead of one all-reduce per parameter.)
+
+# %% measured-gloo-all_reduce-time-ddp
+# %%ddp -n $world_size --timeout 60 --pull rows@0 -- $reps $max_log2
+import sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+reps, max_log2 = int(sys.argv[1]), int(sys.argv[2])
+rows = []
+for k in range(2, max_log2 + 1, 2):
+    t = torch.ones(2 ** k)
+    for _ in range(2):
+        dist.all_reduce(t)                     # warm up
+    best = float("inf")
+    for trial in range(3):                     # best of 3: the run least disturbed by other work
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            dist.all_reduce(t)                 # back to back, as in a training step
+        best = min(best, (time.perf_counter() - t0) / reps)
+    rows.append([t.numel() * 4, best])
+dist.destroy_process_group()
+
+# %% measured-gloo-all_reduce-time-code
+import matplotlib.pyplot as plt
+sizes, secs = [r[0] for r in rows], [r[1] for r in rows]
+fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+a.loglog(sizes, [s * 1e3 for s in secs], "o-"); a.set_xlabel("tensor size (bytes)"); a.set_ylabel("all_reduce time (ms)")
+a.set_title(f"gloo all_reduce, {world_size} ranks, CPU")
+b.semilogx(sizes, [n / s / 1e6 for n, s in zip(sizes, secs)], "o-", color="C1")
+b.set_xlabel("tensor size (bytes)"); b.set_ylabel("algorithm bandwidth (MB/s)"); b.set_title("size / time")
+fig.tight_layout(); plt.show()
+for n, s in rows:
+    print(f"{n:>10,} B  {s * 1e3:8.3f} ms  {n / s / 1e6:9.1f} MB/s")
+
+# %% check [markdown]
+# ## Check
+
+# %% check-code
+assert available["gloo"] and len(rows) == len(range(2, max_log2 + 1, 2))
+assert all(s > 0 for s in secs)
+assert secs[-1] > min(secs), "the largest all-reduce is not the quickest"
+bw = [n / s for n, s in zip(sizes, secs)]
+assert bw[-1] > 10 * bw[0], "bandwidth grows with size: small messages are latency-bound"
+print(f"ok: latency {secs[0] * 1e6:.0f} us for 16 B; {bw[-1] / 1e6:.0f} MB/s at {sizes[-1] / 2**20:.0f} MiB")
+
+# %% exercise [markdown]
+# ## Exercise
+# Compare `broadcast` and `all_reduce` for a 1 MiB tensor. Which is faster, and why?
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your timing here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --pull bcast@0,allred@0 -- $reps
+# `bcast` and `allred`: rank 0's median time of one broadcast / all_reduce of 2**18 floats, in ms.
+
+# %% solution [markdown]
+# ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
+
+# %% solution-ddp tags=["solution"]
+# %%ddp -n $world_size --timeout 60 --pull bcast@0,allred@0 -- $reps
+import statistics, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+reps = int(sys.argv[1]); t = torch.ones(2 ** 18)      # 1 MiB
+def timed(fn):
+    fn(); out = []
+    for _ in range(reps):
+        dist.barrier(); t0 = time.perf_counter(); fn(); out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+bcast, allred = timed(lambda: dist.broadcast(t, 0)) * 1e3, timed(lambda: dist.all_reduce(t)) * 1e3
+if dist.get_rank() == 0:
+    print(f"broadcast {bcast:.3f} ms, all_reduce {allred:.3f} ms")
+    # broadcast only moves data one way; all_reduce also adds and sends results back (about 2x the traffic)
+dist.destroy_process_group()
+
+# %% check-answer tags=["check"]
+assert "bcast" in globals() and "allred" in globals(), "✗ nothing to check yet: your cell should end with --pull bcast@0,allred@0"
+assert bcast > 0 and allred > 0, f"✗ times must be positive: broadcast {bcast} ms, all_reduce {allred} ms"
+print(f"✓ broadcast {bcast:.3f} ms, all_reduce {allred:.3f} ms")

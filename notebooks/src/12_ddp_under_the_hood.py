@@ -1,0 +1,307 @@
+# %% title [markdown]
+# # 12 · DDP under the hood (DDP 的内部机制)
+#
+# `DistributedDataParallel(model)` does four things, and this lesson does each by hand and measures it:
+# 1. **at construction** it broadcasts rank 0's parameters and buffers, so every replica starts equal;
+# 2. it registers an **autograd hook on every parameter**; during `backward()` each finished gradient is
+#    copied into a **bucket** (buckets of about `bucket_cap_mb`, 25 MB by default, filled in reverse
+#    parameter order, the order gradients become ready);
+# 3. as soon as a bucket is full it **launches an asynchronous all-reduce** of it, while backward goes on
+#    computing the earlier layers' gradients: communication **overlaps** computation;
+# 4. at the end of `backward()` it waits for the buckets and writes the **averaged** gradients to `.grad`.
+#
+# Then three things it needs to be told: parameters that get no gradient (`find_unused_parameters`),
+# batch statistics across ranks (`SyncBatchNorm`) and ranks with fewer batches than others (`Join`).
+# Everything runs on CPU with gloo.
+
+# %% parameters tags=["parameters"]
+world_size = 2
+hang_timeout = 5
+
+# %% load-ext
+# %load_ext nbddp
+
+# %% ddp-by-hand-broadcast [markdown]
+# ## 1 · DDP by hand: broadcast once, all-reduce the gradients, divide by the world size
+# The same model, the same data, three steps of SGD: once wrapped in DDP, once by hand. Both start from
+# different random weights on each rank (`manual_seed(rank)`), so the broadcast matters.
+
+# %% ddp-by-hand-broadcast-ddp
+# %%ddp -n $world_size --timeout 60 --pull by_hand
+import torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+
+def new_model():
+    torch.manual_seed(rank)                       # different on every rank, on purpose
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+g = torch.Generator().manual_seed(100 + rank)     # each rank its own data
+batches = [(torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)) for _ in range(3)]
+
+ddp = DDP(new_model())
+ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for x, y in batches:
+    ddp_opt.zero_grad(); F.mse_loss(ddp(x), y).backward(); ddp_opt.step()
+
+mine = new_model()
+for p in mine.parameters():
+    dist.broadcast(p.data, src=0)                 # (1) everyone starts from rank 0's weights
+opt = torch.optim.SGD(mine.parameters(), lr=0.1)
+for x, y in batches:
+    opt.zero_grad(); F.mse_loss(mine(x), y).backward()
+    for p in mine.parameters():                   # (2-4) without buckets: one all-reduce per tensor
+        dist.all_reduce(p.grad)
+        p.grad /= world
+    opt.step()
+
+by_hand = {"max |DDP - by hand|": max((a - b).abs().max().item() for a, b in zip(ddp.parameters(), mine.parameters())),
+           "weight sum": sum(p.sum().item() for p in mine.parameters())}
+print(by_hand)
+dist.destroy_process_group()
+
+# %% ddp-by-hand-broadcast-code
+for rank, b in enumerate(by_hand):
+    print(f"rank {rank}: {b}")
+
+# %% buckets-communication-overlapping-backward [markdown]
+# ## 2 · Buckets, and communication overlapping backward
+# A comm hook sees each bucket as DDP hands it over (and here times it); a hook on the **first** layer's
+# weight fires when the last gradient of backward is ready. With the default 25 MB this model (6 layers of
+# 256×256, 1.5 MB of gradients) is one bucket, all-reduced after backward has finished. With
+# `bucket_cap_mb=0.25` it is one bucket per layer, and the first buckets are on their way while backward
+# still computes the earlier layers.
+
+# %% buckets-communication-overlapping-backward-ddp
+# %%ddp -n $world_size --timeout 60 --pull timeline@0
+import time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+world = dist.get_world_size()
+
+def average(state, bucket):                       # what DDP's default hook does
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0] / world)
+
+timeline = {}
+for cap in (25, 0.25):
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)]), bucket_cap_mb=cap)
+    events = []
+    def timed(state, bucket):
+        events.append(("bucket", bucket.index(), bucket.buffer().numel(), time.perf_counter()))
+        return average(state, bucket)
+    model.register_comm_hook(None, timed)
+    model.module[0].weight.register_hook(lambda g: events.append(("last grad", -1, 0, time.perf_counter())))
+    for step in range(3):                         # DDP settles its buckets after the first steps
+        events.clear()
+        x = torch.randn(64, 256)
+        t0 = time.perf_counter()
+        model(x).pow(2).mean().backward()
+        t_end = time.perf_counter()
+    timeline[cap] = {"events": [(kind, i, n, (t - t0) * 1e3) for kind, i, n, t in events],
+                     "backward_ms": (t_end - t0) * 1e3}
+for cap, tl in timeline.items():
+    order = [f"bucket {i} ({n * 4 / 2**20:.2f} MB)" if kind == "bucket" else "LAST GRAD" for kind, i, n, _ in tl["events"]]
+    print(f"bucket_cap_mb={cap}: {' -> '.join(order)}")
+dist.destroy_process_group()
+
+# %% buckets-communication-overlapping-backward-code
+import matplotlib.pyplot as plt
+fig, axes = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
+for ax, (cap, tl) in zip(axes, timeline.items()):
+    ax.barh(0, tl["backward_ms"], color="C0", alpha=0.3, label="backward (call to return)")
+    for kind, i, n, ms in tl["events"]:
+        if kind == "bucket":
+            ax.plot(ms, 0, "v", color="C1", markersize=10)
+            ax.annotate(f"b{i}", (ms, 0.15), ha="center", fontsize=8)
+        else:
+            ax.axvline(ms, color="C3", linestyle="--", label="last gradient ready")
+    ax.set_yticks([]); ax.set_ylabel(f"cap {cap} MB", rotation=0, ha="right", va="center")
+axes[0].legend(loc="upper left", fontsize=8)
+axes[-1].set_xlabel("ms since backward() was called  (▼ = a bucket's all-reduce launched)")
+fig.suptitle("DDP launches each bucket's all-reduce as soon as its gradients are ready")
+fig.tight_layout(); plt.show()
+
+# %% parameter-without-gradient-find_unused_parameters [markdown]
+# ## 3 · A parameter without a gradient: `find_unused_parameters`
+# DDP waits for **every** parameter's gradient before a bucket is complete. A layer that forward never
+# used gets none, so the reduction never finishes, and the next iteration says so (torch's own error,
+# caught on every rank). `find_unused_parameters=True` makes DDP walk the autograd graph after each
+# forward and mark such parameters ready — at a cost on every step, so only where needed (or
+# `static_graph=True` when the set never changes).
+
+# %% parameter-without-gradient-find_unused_parameters-ddp
+# %%ddp -n $world_size --timeout 60 --pull unused@0
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+
+class TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head_a, self.head_b = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1), torch.nn.Linear(8, 1)
+    def forward(self, x):
+        return self.head_a(self.body(x))          # head_b is never used
+
+unused = {}
+model = DDP(TwoHeads())
+try:
+    for step in range(2):
+        model(torch.randn(4, 4)).sum().backward()
+    unused["default"] = "no error"
+except RuntimeError as exc:
+    unused["default"] = str(exc).split(". ")[0]
+model = DDP(TwoHeads(), find_unused_parameters=True)
+for step in range(2):
+    model(torch.randn(4, 4)).sum().backward()
+unused["find_unused_parameters=True"] = f"{step + 1} steps, head_b.grad is {model.module.head_b.weight.grad}"
+print(unused)
+dist.destroy_process_group()
+
+# %% batchnorm-across-ranks-syncbatchnorm [markdown]
+# ## 4 · BatchNorm across ranks: `SyncBatchNorm`
+# `BatchNorm` normalises with the mean and variance of **this rank's** batch: with 8 samples per rank, each
+# rank uses different statistics than one big batch would. `SyncBatchNorm` all-reduces the sums first.
+# torch runs it only on GPUs; on CPU it refuses (caught below, torch's own message). What it computes is
+# three sums, so it is done by hand here and compared with a `BatchNorm` over the whole global batch.
+
+# %% batchnorm-across-ranks-syncbatchnorm-ddp
+# %%ddp -n $world_size --timeout 60 --pull bn
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+g = torch.Generator().manual_seed(7)
+everything = torch.randn(8 * world, 3, generator=g) * torch.tensor([1.0, 2.0, 3.0]) + torch.arange(8.0 * world).unsqueeze(1)
+x = everything[rank * 8:(rank + 1) * 8]           # this rank's 8 samples (their means differ by rank)
+
+bn = {}
+try:
+    DDP(torch.nn.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm1d(3))))
+except ValueError as exc:
+    bn["torch on CPU"] = str(exc)
+
+local = torch.nn.functional.batch_norm(x, None, None, training=True)       # plain BatchNorm, this rank
+stats = torch.stack([x.sum(0), (x * x).sum(0), torch.full((3,), float(len(x)))])
+dist.all_reduce(stats)                                                      # what SyncBatchNorm reduces
+mean = stats[0] / stats[2]
+var = stats[1] / stats[2] - mean ** 2                                       # biased, as BatchNorm normalises
+synced = (x - mean) / torch.sqrt(var + 1e-5)
+reference = torch.nn.functional.batch_norm(everything, None, None, training=True)[rank * 8:(rank + 1) * 8]
+bn["|synced - whole batch|"] = (synced - reference).abs().max().item()
+bn["|local BN - whole batch|"] = (local - reference).abs().max().item()
+print(bn)
+dist.destroy_process_group()
+
+# %% uneven-inputs-hang-join [markdown]
+# ## 5 · Uneven inputs: the hang, and `Join`
+# DDP's all-reduce in every `backward()` pairs up step *k* of every rank. If rank 1 has one batch more
+# (an uneven split, lesson 05), its last backward waits for a partner that has left the loop: a hang.
+# `--timeout` shows it; then the same loop inside `with Join([model]):` finishes: a rank that ran out of
+# data keeps answering the others' all-reduces (with zeros) until all are done.
+
+# %% uneven-inputs-hang-join-ddp
+uneven = '''
+import contextlib, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.join import Join
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(4, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+steps = 3 + rank                                   # rank r has 3 + r batches
+with JOIN:
+    for step in range(steps):
+        opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+dist.barrier()                                     # e.g. before rank 0 saves a checkpoint
+weights = model.module.weight.sum().item()
+print(f"rank {rank}: {steps} steps, weight sum {weights:.6f}")
+'''
+import nbddp
+if world_size > 1:
+    try:
+        get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout {hang_timeout}",
+                                     uneven.replace("JOIN", "contextlib.nullcontext()"))
+        raise AssertionError("expected the uneven loop to hang")
+    except nbddp.DDPTimeout as exc:
+        without_join = exc.result
+    for r in without_join.ranks:
+        print(f"without Join, rank {r.rank}: {r.state}; blocked at {r.blocked_at}")
+get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60 --pull steps,weights", uneven.replace("JOIN", "Join([model])"))
+
+# %% check [markdown]
+# ## Check
+
+# %% check-code
+assert all(b["max |DDP - by hand|"] < 1e-6 for b in by_hand), by_hand      # by hand == DDP, on every rank
+assert len({round(b["weight sum"], 6) for b in by_hand}) == 1, by_hand      # and the replicas agree
+one, many = timeline[25]["events"], timeline[0.25]["events"]
+assert [kind for kind, *_ in one] == ["last grad", "bucket"], one           # default: one bucket, after backward
+buckets = [e for e in many if e[0] == "bucket"]
+last_grad = [ms for kind, _, _, ms in many if kind == "last grad"][0]
+assert len(buckets) == 6 and [i for _, i, _, _ in buckets] == list(range(6)), many
+assert sum(ms < last_grad for _, _, _, ms in buckets) >= 4, many           # launched while backward still ran
+assert unused["default"].startswith("Expected to have finished reduction in the prior iteration"), unused
+assert "head_b.grad is None" in unused["find_unused_parameters=True"], unused
+for b in bn:
+    assert "SyncBatchNorm" in b["torch on CPU"] and "GPU" in b["torch on CPU"], b
+    assert b["|synced - whole batch|"] < 1e-4 and b["|local BN - whole batch|"] > 0.1, b
+if world_size > 1:
+    assert without_join.timed_out and any("backward" in (r.blocked_at or "") for r in without_join.ranks)
+assert steps == [3 + r for r in range(world_size)] and len({round(w, 6) for w in weights}) == 1, (steps, weights)
+print("ok: DDP by hand == DDP; buckets overlap backward; unused parameters, BatchNorm statistics and uneven "
+      "inputs behave as described")
+
+# %% exercise [markdown]
+# ## Exercise
+# DDP's comm hooks can change how a bucket is sent. Write a hook that all-reduces each bucket in
+# **bfloat16** (half the bytes) and divides by the world size, register it, and compare the gradients with
+# DDP's default ones on the same model and data: how far apart are they?
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your comm hook here, in a cell that starts with
+#   %%ddp -n $world_size --timeout 60 --pull gap
+# where each rank sets `gap` to the largest relative difference between the two models' gradients.
+
+# %% solution [markdown]
+# ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
+
+# %% solution-ddp tags=["solution"]
+# %%ddp -n $world_size --timeout 60 --pull gap
+import copy, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+
+def bf16_average(state, bucket):
+    half = bucket.buffer().to(torch.bfloat16)
+    fut = dist.all_reduce(half, async_op=True).get_future()
+    def back(f):
+        out = bucket.buffer()
+        out.copy_(f.value()[0].to(out.dtype) / world)
+        return out
+    return fut.then(back)
+
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+plain, compressed = DDP(copy.deepcopy(net)), DDP(copy.deepcopy(net))
+compressed.register_comm_hook(None, bf16_average)
+x = torch.randn(16, 32, generator=torch.Generator().manual_seed(rank))
+for model in (plain, compressed):
+    model(x).pow(2).mean().backward()
+gap = max(((a.grad - b.grad).abs().max() / a.grad.abs().max()).item()
+          for a, b in zip(plain.parameters(), compressed.parameters()))
+print(f"rank {rank}: largest relative difference {gap:.2e} (bfloat16 keeps ~3 significant digits)")
+dist.destroy_process_group()
+
+# %% check-answer tags=["check"]
+assert "gap" in globals(), "✗ nothing to check yet: your cell should end with --pull gap"
+assert all(g > 0 for g in gap), f"✗ the gradients are equal ({gap}): is the hook registered, and does it all-reduce in bfloat16?"
+assert all(g < 1e-2 for g in gap), f"✗ the gradients differ by up to {max(gap):.2e}: divide the sum by the world size, and copy it back into the bucket's buffer"
+print(f"✓ close, not equal: bfloat16 rounding moves the gradients by at most {max(gap):.2e}")
