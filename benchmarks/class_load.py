@@ -137,15 +137,14 @@ def run_students(count: int, lessons: list[str], out_root: str, env: dict, deadl
         out_dir = os.path.join(out_root, f"student-{i}")
         os.makedirs(out_dir, exist_ok=True)
         command = [sys.executable, os.path.abspath(__file__), "--student", out_dir, *lessons]
-        student_env = env
         if users:  # the student's own account, home and Jupyter folders, as a hub gives each
             shutil.chown(out_dir, users[i], users[i])
             os.chmod(out_dir, 0o700)
-            command = ["runuser", "-u", users[i], "--"] + command
-            student_env = {**env, "HOME": out_dir, "USER": users[i], "LOGNAME": users[i],
-                           "JUPYTER_RUNTIME_DIR": os.path.join(out_dir, ".runtime"),
-                           "JUPYTER_DATA_DIR": os.path.join(out_dir, ".data")}
-        procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=student_env))
+            own = {"HOME": out_dir, "USER": users[i], "LOGNAME": users[i],  # runuser resets HOME
+                   "JUPYTER_RUNTIME_DIR": os.path.join(out_dir, ".runtime"),
+                   "JUPYTER_DATA_DIR": os.path.join(out_dir, ".data")}
+            command = ["runuser", "-u", users[i], "--", "env", *(f"{k}={v}" for k, v in own.items())] + command
+        procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env))
     reports = []
     end = time.monotonic() + deadline_s
     for proc in procs:
