@@ -4,6 +4,7 @@ part of the CI suite (tests/test_class_load.py runs a small version of it).
 
     .venv/bin/python benchmarks/class_load.py                      # 8 students, lessons 00-05
     .venv/bin/python benchmarks/class_load.py --kernels 2 --lessons 00,01 --private
+    .venv/bin/python benchmarks/class_load.py --users --private   # as root: a user per student
 
 First each lesson runs alone (its solo time), then K students at once, each running the lessons
 in order. It checks that every lesson passed for every student (the lessons' own check cells
@@ -13,9 +14,11 @@ appended to each lesson prints it), and that nothing was left afterwards: no pro
 kernel, no log folder, no pushed file. It prints
 each lesson's solo time next to its times under load, and exits 1 if any check failed.
 
-Different users: the kernels all run as this user. Running each as another user needs the
-interpreter and the notebooks readable by them (not so where the venv lives under /root), so
-the script does not try; tests/test_private_net.py is where a second user is checked.
+Different users (``--users``, as root): each student's kernel runs as a user of its own
+(``nbddp-student0``, ... created for the run and removed after it), as on a JupyterHub node. The
+interpreter and the notebooks must then be usable by other users: a checkout whose venv is made
+from a Python outside /root (for example a copy of the interpreter under /opt); the script says
+so and stops where they are not.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -95,8 +99,35 @@ def student(lessons: list[str], out_dir: str) -> None:
                           "started": time.time() - elapsed}), flush=True)
 
 
+STUDENT = "nbddp-student{}"
+
+
+def make_users(count: int) -> list[str]:
+    """``count`` local users for the students, created where missing (root only); each must be
+    able to run this interpreter, or the run stops here saying why."""
+    if os.geteuid() != 0 or not shutil.which("runuser") or not shutil.which("useradd"):
+        raise SystemExit("class_load: --users needs root, runuser and useradd")
+    users = [STUDENT.format(i) for i in range(count)]
+    for user in users:
+        if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", user], check=True)
+    probe = subprocess.run(["runuser", "-u", users[0], "--", sys.executable, "-c", "import nbddp, papermill"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        remove_users(users)
+        raise SystemExit(f"class_load: user {users[0]} cannot run {sys.executable} with nbddp "
+                         f"({(probe.stderr.strip().splitlines() or ['?'])[-1]}); run this from a checkout "
+                         f"whose venv other users can use (its Python outside /root)")
+    return users
+
+
+def remove_users(users: list[str]) -> None:
+    for user in users:
+        subprocess.run(["userdel", user], capture_output=True)
+
+
 def run_students(count: int, lessons: list[str], out_root: str, env: dict, deadline_s: float,
-                 marker: str, left: list) -> list[list[dict]]:
+                 marker: str, left: list, users: list[str] | None = None) -> list[list[dict]]:
     """``count`` students at once, each running every lesson; their reports, per student. At
     the deadline every process of the run (its students and whatever carries ``marker``) is
     killed, and the lessons not reported count as failed; what was still running then is added
@@ -105,8 +136,15 @@ def run_students(count: int, lessons: list[str], out_root: str, env: dict, deadl
     for i in range(count):
         out_dir = os.path.join(out_root, f"student-{i}")
         os.makedirs(out_dir, exist_ok=True)
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--student", out_dir,
-                                       *lessons], stdout=subprocess.PIPE, text=True, env=env))
+        command = [sys.executable, os.path.abspath(__file__), "--student", out_dir, *lessons]
+        if users:  # the student's own account, home and Jupyter folders, as a hub gives each
+            shutil.chown(out_dir, users[i], users[i])
+            os.chmod(out_dir, 0o700)
+            own = {"HOME": out_dir, "USER": users[i], "LOGNAME": users[i],  # runuser resets HOME
+                   "JUPYTER_RUNTIME_DIR": os.path.join(out_dir, ".runtime"),
+                   "JUPYTER_DATA_DIR": os.path.join(out_dir, ".data")}
+            command = ["runuser", "-u", users[i], "--", "env", *(f"{k}={v}" for k, v in own.items())] + command
+        procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env))
     reports = []
     end = time.monotonic() + deadline_s
     for proc in procs:
@@ -176,7 +214,7 @@ def wait_for_nothing_left(marker: str, tmp: str, before: set, timeout: float = 3
 
 
 def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_root: str | None = None,
-        deadline_s: float = 3600.0, kernel_env: dict | None = None) -> dict:
+        deadline_s: float = 3600.0, kernel_env: dict | None = None, users: list[str] | None = None) -> dict:
     """The whole check; returns {"solo": {lesson: s}, "load": {lesson: [s per kernel]},
     "failures": [...], "left": [...]}."""
     lessons = lesson_files(numbers)
@@ -184,17 +222,24 @@ def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_
     env = dict(os.environ)
     marker, tmp = uuid.uuid4().hex, os.path.join(out_root, "tmp")
     os.makedirs(tmp, exist_ok=True)
+    if users:  # a shared /tmp-like folder, and the run's folder passable by the students
+        os.chmod(tmp, 0o1777)
+        for folder in (out_root, os.path.join(out_root, "solo"), os.path.join(out_root, "class")):
+            os.makedirs(folder, exist_ok=True)
+            os.chmod(folder, 0o755)
     env["JUPYTER_PATH"] = kernelspec(os.path.join(out_root, "jupyter"), private, marker, tmp, kernel_env or {}) + (
         os.pathsep + env["JUPYTER_PATH"] if env.get("JUPYTER_PATH") else "")
     before = set(glob.glob("/dev/shm/nbddp-push-*"))
     failures, stragglers = [], []
     solo_times = {}
     if solo:
-        for report in run_students(1, lessons, os.path.join(out_root, "solo"), env, deadline_s, marker, stragglers)[0]:
+        for report in run_students(1, lessons, os.path.join(out_root, "solo"), env, deadline_s, marker,
+                                   stragglers, users)[0]:
             solo_times[report["lesson"]] = report["seconds"]
             if report["error"]:
                 failures.append(f"solo {report['lesson']}: {report['error']}")
-    reports = run_students(kernels, lessons, os.path.join(out_root, "class"), env, deadline_s, marker, stragglers)
+    reports = run_students(kernels, lessons, os.path.join(out_root, "class"), env, deadline_s, marker,
+                           stragglers, users)
     load: dict[str, list[float]] = {}
     owners: dict[str, list] = {}  # network namespace -> the runs whose ranks were in it
     for i, kernel_reports in enumerate(reports):
@@ -232,6 +277,8 @@ def main(argv=None) -> int:
     p.add_argument("--lessons", default="00,01,02,03,04,05", help="lesson numbers, comma-separated")
     p.add_argument("--private", action="store_true", help="kernels with NBDDP_PRIVATE_NET=1")
     p.add_argument("--no-solo", action="store_true", help="skip the solo runs")
+    p.add_argument("--users", action="store_true",
+                   help="as root: each student's kernel as a user of its own (created and removed)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="a variable for every kernel (repeatable), e.g. NBDDP_PRELOAD=0")
     p.add_argument("--student", help=argparse.SUPPRESS)
@@ -242,11 +289,17 @@ def main(argv=None) -> int:
         return 0
     started = time.monotonic()
     kernel_env = dict(item.split("=", 1) for item in args.env)
-    result = run(args.kernels, args.lessons.split(","), args.private, solo=not args.no_solo,
-                 kernel_env=kernel_env)
+    users = make_users(args.kernels) if args.users else None
+    try:
+        result = run(args.kernels, args.lessons.split(","), args.private, solo=not args.no_solo,
+                     kernel_env=kernel_env, users=users)
+    finally:
+        if users:
+            remove_users(users)
     cores = os.cpu_count()
     print(f"class load: {args.kernels} students at once, lessons {args.lessons}, {cores} cores, "
-          f"private network: {'yes' if args.private else 'no'}, kernel env {kernel_env or '-'}, "
+          f"private network: {'yes' if args.private else 'no'}, "
+          f"users: {'one per student' if users else 'this one'}, kernel env {kernel_env or '-'}, "
           f"{time.monotonic() - started:.0f} s in all")
     print(table(result, args.kernels))
     for failure in result["failures"]:

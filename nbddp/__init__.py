@@ -40,10 +40,17 @@ def load_ipython_extension(ipython) -> None:
 
 
 def _say_who_can_connect() -> None:
-    """Once, at %load_ext, where this machine gives no private network (README "Logs and the
-    store"): what other local users can reach."""
+    """Once, at %load_ext (README "Logs and the store"): on a JupyterHub server, that the ranks
+    got a private network and what it costs; where this machine gives none, what other local
+    users can reach."""
     from nbddp.forkserver import privnet
 
+    if privnet.given_by_auto():
+        print(f"nbddp: on this JupyterHub server each launch's ranks run in a private network, so "
+              f"other users of the machine cannot reach their rendezvous store or gloo listeners; "
+              f"the ranks reach no other machine (no downloads in a rank, no remote "
+              f"--master-addr): {privnet.ENV}=0 before %load_ext gives them the machine's network")
+        return
     why = privnet.unavailable()
     if why:
         print(f"nbddp: no private network for this kernel's ranks here ({why}): other users of "

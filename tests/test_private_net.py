@@ -178,3 +178,51 @@ def test_nothing_of_a_private_kernel_outlives_it(private_kernel):
                                               for p in helpers):
         time.sleep(0.1)
     assert not [p.name() for p in helpers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+HUB_CELL = """%%ddp -n 2 --output text
+import os
+print("NET", os.readlink("/proc/self/ns/net"))
+"""
+
+OFFLINE_CELL = """%%ddp -n 1 --output text
+import urllib.request
+urllib.request.urlopen("http://192.0.2.1/data.csv", timeout=5)
+"""
+
+
+def hub_kernel(tmp_path, **env) -> Kernel:
+    base = {k: v for k, v in os.environ.items() if k != "NBDDP_PRIVATE_NET"}
+    return Kernel(cwd=str(tmp_path), env={**base, "JUPYTERHUB_USER": "student7", **env})
+
+
+def test_on_a_jupyterhub_server_ranks_get_a_private_network_by_default(tmp_path):
+    """A class on one hub: with nothing set, each kernel's ranks are out of reach of the others,
+    %load_ext says so and what it costs, and a rank's failed download says why in one line."""
+    k = hub_kernel(tmp_path)
+    try:
+        loaded = k.ok("%load_ext nbddp")
+        assert "on this JupyterHub server each launch's ranks run in a private network" in loaded.stdout
+        assert "NBDDP_PRIVATE_NET=0 before %load_ext" in loaded.stdout
+        reply = k.ok(HUB_CELL, timeout=300)
+        nets = set(re.findall(r"NET (net:\[\d+\])", reply.stdout))
+        assert len(nets) == 1 and nets != {os.readlink(f"/proc/{k.pid}/ns/net")}, reply.stdout
+        assert k.ok("import os; print(os.environ['NBDDP_PRIVATE_NET'])").stdout.strip() == "1"
+        offline = k.execute(OFFLINE_CELL, timeout=120)
+        assert offline.error is not None
+        said = "\n".join(offline.error["traceback"])
+        assert "Network is unreachable" in said and "run in a private network" in said, said
+        assert "NBDDP_PRIVATE_NET=0" in said
+    finally:
+        k.shutdown()
+
+
+def test_on_a_jupyterhub_server_private_net_0_keeps_the_machine_network(tmp_path):
+    k = hub_kernel(tmp_path, NBDDP_PRIVATE_NET="0")
+    try:
+        loaded = k.ok("%load_ext nbddp")
+        assert "private network" not in loaded.stdout
+        reply = k.ok(HUB_CELL, timeout=300)
+        assert set(re.findall(r"NET (net:\[\d+\])", reply.stdout)) == {os.readlink(f"/proc/{k.pid}/ns/net")}
+    finally:
+        k.shutdown()

@@ -259,10 +259,21 @@ def hint_for(text: str) -> str | None:
     return None
 
 
-def add_hints(result) -> None:
+# A rank that could not reach the network, where its kernel gave the ranks a private one.
+_NO_NETWORK = re.compile(r"Network is unreachable|Temporary failure in name resolution|"
+                         r"Name or service not known|No route to host|getaddrinfo failed|"
+                         r"Failed to establish a new connection|URLError", re.I)
+PRIVATE_NET_HINT = ("this kernel's ranks run in a private network (NBDDP_PRIVATE_NET; on a "
+                    "JupyterHub server by default), which reaches no other machine: download in "
+                    "the notebook first (ranks see the same files), or set NBDDP_PRIVATE_NET=0 "
+                    "before %load_ext nbddp (other users of the server can then reach the store).")
+
+
+def add_hints(result, private_net: bool = False) -> None:
     """Give each rank that did not finish ok the matching one-line hint from HINTS, a rank
     that crashed (SIGSEGV…) the cell line faulthandler's crash report names, and a rank that
-    exited non-zero without a traceback the last line it wrote to stderr as its cause."""
+    exited non-zero without a traceback the last line it wrote to stderr as its cause.
+    ``private_net``: the ranks ran in a private network, the first suspect for a network error."""
     for rank in result.ranks:
         if rank.ok or rank.hint:
             continue
@@ -276,7 +287,7 @@ def add_hints(result) -> None:
             if said and said not in rank.cause:
                 rank.cause += f": {said}"
         text = (rank.exception or {}).get("message", "") + "\n" + stderr[-65536:]
-        rank.hint = hint_for(text)
+        rank.hint = (PRIVATE_NET_HINT if private_net and _NO_NETWORK.search(text) else None) or hint_for(text)
 
 
 _NOT_THE_CAUSE = re.compile(r"^\S+:\d+: \w*Warning: |"          # a warning the rank printed earlier

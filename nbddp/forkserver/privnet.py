@@ -1,5 +1,7 @@
-"""A private network for a kernel's ranks (``NBDDP_PRIVATE_NET=1``): its own Linux network
-namespace, whose loopback no other process of the machine shares.
+"""A private network for a kernel's ranks: its own Linux network namespace, whose loopback no
+other process of the machine shares. ``NBDDP_PRIVATE_NET=1`` asks for it, ``0`` refuses it, and
+unset (``auto``) gives it where a class shares one server: a JupyterHub single-user server
+(``JUPYTERHUB_USER`` set) on a machine that allows it.
 
 Why: the rendezvous store (a TCPStore) has no authentication, and gloo's listeners take any
 connection; on loopback every local user can reach both (torchrun has the same exposure).
@@ -36,12 +38,33 @@ _probed: dict[str, str] = {}
 _state: dict[str, str] = {}
 
 
+HUB = "JUPYTERHUB_USER"  # set by JupyterHub in every single-user server it spawns
+_decide_lock = threading.Lock()
+
+
 def requested() -> bool:
-    """The environment asks for a private network; read once per process (the kernel reads it
-    when it starts its forkserver, which reads the same value as it starts)."""
-    if "asked" not in _probed:
-        _probed["asked"] = "1" if os.environ.get(ENV, "0") == "1" else ""
+    """This kernel's ranks get a private network; decided once per process. ``auto`` (unset) is
+    decided in the kernel, before its forkserver starts, and written back to the environment
+    as ``1`` or ``0``, so the forkserver (which inherits it) reads the same answer."""
+    with _decide_lock:
+        if "asked" not in _probed:
+            value = os.environ.get(ENV, "auto").strip().lower()
+            _probed["how"] = "by name" if value in ("0", "1") else "auto"
+            if value not in ("0", "1"):
+                value = "1" if on_a_hub() and not unavailable() else "0"
+                os.environ[ENV] = value
+            _probed["asked"] = "1" if value == "1" else ""
     return bool(_probed["asked"])
+
+
+def on_a_hub() -> bool:
+    """A JupyterHub single-user server: other users of the machine are the rest of the class."""
+    return bool(os.environ.get(HUB))
+
+
+def given_by_auto() -> bool:
+    """The private network was not asked for by name but given by ``auto`` (said at %load_ext)."""
+    return requested() and _probed.get("how") == "auto"
 
 
 def enter() -> None:

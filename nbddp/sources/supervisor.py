@@ -22,6 +22,7 @@ import time
 from contextlib import contextmanager
 
 from nbddp.core import diagnosis
+from nbddp.forkserver import privnet
 from nbddp.sources import stacks
 from nbddp.core.cellnames import name_cell
 from nbddp.core.result import FAILED, INTERRUPTED, KILLED, OK, TERMINATED, TIMED_OUT
@@ -186,7 +187,7 @@ class Supervisor:
         if result.interrupted:
             self.source.note(self.source.interrupted_note)
         result.ended_at = time.time()
-        diagnosis.add_hints(result)
+        diagnosis.add_hints(result, private_net=self.spec.launcher == "local" and privnet.requested())
         if any(getattr(sink, "shows_output", False) for sink in self.sinks):
             result.displayed = [r.rank for r in result.ranks if self.spec.shown(r.rank)]
         self.emit("launch_finished", result)
