@@ -152,7 +152,7 @@ def test_forkserver_replaced_between_cells_by_the_spares_refill_is_still_reporte
     os.kill(server.pid, signal.SIGKILL)
     wait_gone([server.pid], 5)
     # the background refill of spares forks first: multiprocess starts a new forkserver for it
-    kernel.ok("from nbddp import spares\nspares.clear(); spares.refill(2); spares.settle(120)", timeout=180)
+    kernel.ok("from nbddp.forkserver import spares\nspares.clear(); spares.refill(2); spares.settle(120)", timeout=180)
     replacement = _forkserver(kernel)
     assert replacement is not None and replacement.pid != server.pid
     reply = kernel.ok(NEXT, timeout=180)

@@ -21,7 +21,7 @@ def test_default_logs_are_bounded_private_and_go_with_the_kernel(tmp_path):
     k = Kernel(cwd=str(tmp_path))
     try:
         k.ok("%load_ext nbddp")
-        assert _value(k, "__import__('nbddp.kernel.logdirs').logdirs.KEEP") == 50
+        assert _value(k, "__import__('nbddp.kernel.logdirs').kernel.logdirs.KEEP") == 50
         k.ok("import nbddp.kernel.logdirs; nbddp.kernel.logdirs.KEEP = 3; payload = 1")  # the same rule, fewer cells
         k.ok(f"%%ddp -n 2 --log-dir {mine} --push payload\npass")
         for _ in range(5):

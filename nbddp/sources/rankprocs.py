@@ -36,7 +36,7 @@ class Rank:
         self.ctl = None
         self.lifeline_w: int | None = None
         self.logs: dict[str, object] = {}
-        self.started = False  # said "started": setsid done, user code may run
+        self.started = False  # said msg.STARTED: setsid done, user code may run
         self.alive = False
         self.ended = False    # reported the end of its user code (exception / exit / done)
         self.reported: int | None = None  # the exit code it said it exits with
