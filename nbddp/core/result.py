@@ -7,6 +7,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbddp.core.rankfiles import RankFiles
+
 # Rank states, in the order a rank goes through them.
 STARTING, RUNNING, OK, FAILED, TIMED_OUT, KILLED, TERMINATED, INTERRUPTED = (
     "starting", "running", "ok", "failed", "timed out", "killed", "terminated", "interrupted")
@@ -94,7 +96,7 @@ class RunResult:
     def cell_file(self) -> str:
         """The cell as the ranks ran it, kept in the log folder (``script`` is removed after the
         launch; tracebacks name it ``Cell In[N]``)."""
-        return os.path.join(self.log_dir, "cell.py")
+        return RankFiles(self.log_dir).cell_copy
 
     @property
     def ok(self) -> bool:

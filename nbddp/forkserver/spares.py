@@ -20,6 +20,8 @@ import threading
 
 from multiprocess.connection import Connection
 
+from nbddp.core import job as rankjob
+from nbddp.core import messages as msg
 from nbddp.forkserver import preload
 from nbddp.forkserver import starter
 from nbddp.rank import worker
@@ -50,9 +52,9 @@ class Plumbing:
         job_r, self.job_w = ctx.Pipe(duplex=False)
         self._child_ends = [Connection(out_w, readable=False), Connection(err_w, readable=False),
                             Connection(life_r, writable=False), ctl_w, job_r]
-        job = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends))
-        job["spare"] = spare  # a spare says "ready" on ctl once it waits for its job
-        self.process = ctx.Process(target=worker.entry, args=(job,), name="nbddp-rank")
+        pipes = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends))
+        pipes["spare"] = spare  # a spare says msg.READY on ctl once it waits for its job
+        self.process = ctx.Process(target=worker.entry, args=(pipes,), name="nbddp-rank")
 
     @property
     def started(self) -> bool:
@@ -64,10 +66,10 @@ class Plumbing:
             conn.close()
         self._child_ends = []
 
-    def send_job(self, data: bytes) -> None:
-        """The rank's data (one pickle); the rank starts its cell when it arrives."""
+    def send_job(self, job: rankjob.RankJob) -> None:
+        """The rank's data (one stdlib pickle); the rank starts its cell when it arrives."""
         try:
-            self.job_w.send_bytes(data)
+            self.job_w.send_bytes(rankjob.dumps(job))
         except OSError:
             pass  # it died meanwhile: the launcher sees its exit like any other rank's
         self.job_w.close()
@@ -158,7 +160,7 @@ def refill(n: int) -> None:
 
 def _said_ready(p: Plumbing, timeout: float = 10.0) -> bool:
     try:
-        return p.ctl.poll(timeout) and p.ctl.recv() == ("ready",)
+        return p.ctl.poll(timeout) and p.ctl.recv() == (msg.READY,)
     except (EOFError, OSError):
         return False
 

@@ -1,6 +1,7 @@
 """Rich output from inside a rank: ``display(obj)`` (the builtin and ``IPython.display.display``)
 and matplotlib's ``plt.show()`` turn the object into a mime bundle and send it to the kernel over
-the rank's control pipe as ``("display", bundle)``; the kernel's views show it in that rank's tab.
+the rank's control pipe as ``(msg.DISPLAY, bundle)`` (nbddp/core/messages.py); the kernel's
+views show it in that rank's tab.
 
 Imported in the forkserver with the worker (it imports IPython's display machinery, never CUDA);
 ``install`` runs once in each rank.
@@ -16,6 +17,8 @@ import threading
 import IPython.core.display_functions as _display_functions
 import IPython.display as _ipython_display
 from IPython.core import display as _core_display
+
+from nbddp.core import messages as msg
 
 MAX_BUNDLE_BYTES = 8 << 20  # bigger bundles are replaced by a one-line note
 
@@ -86,7 +89,7 @@ def send_bundle(data: dict) -> bool:
         return False
     try:
         with _lock:
-            ctl.send(("display", data))
+            ctl.send((msg.DISPLAY, data))
         return True
     except (OSError, EOFError, ValueError):
         return False

@@ -10,7 +10,6 @@ import faulthandler
 import io
 import linecache
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -23,10 +22,14 @@ from nbddp.kernel import pushing
 from nbddp.rank import stackwatch
 from nbddp.rank import teardown
 from nbddp.rank import user_rendezvous
+from nbddp.core import job as rankjob
+from nbddp.core import messages as msg
 from nbddp.core.cellnames import name_cell
+from nbddp.core.job import Cell, RankJob
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
+_KEPT: list = []  # what must live as long as the rank (the stack file stackwatch writes)
 
 
 try:  # loaded once, in the forkserver
@@ -37,27 +40,28 @@ except Exception:  # pragma: no cover - not Linux
     _LIBC = None
 
 
-def entry(job: dict) -> None:
-    """Process target: set up, run, report, exit. Never returns."""
-    ctl = job["ctl"]
+def entry(pipes: dict) -> None:
+    """Process target: set up, run, report, exit. Never returns. ``pipes``: this process's
+    ends of its pipes (nbddp/forkserver/spares.py's Plumbing); its RankJob comes on "jobpipe"."""
+    ctl = pipes["ctl"]
     code = 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the cell runs (_become_script)
     if os.getsid(0) != os.getpid():  # a spawned rank starts in a session of its own already
         os.setsid()  # own process group: the launcher ends the rank and all it started at once
-    if job.pop("spare", False):
+    if pipes.pop("spare", False):
         _set_name(b"nbddp-spare")
-        _send(ctl, ("ready",))
+        _send(ctl, (msg.READY,))
     try:  # the rank's data comes when a launch needs this process (nbddp/forkserver/spares.py)
-        data = job["jobpipe"].recv_bytes()
+        data = pipes["jobpipe"].recv_bytes()
     except (EOFError, OSError):
         os._exit(0)  # never used: the kernel ended or discarded it
-    job.pop("jobpipe").close()
+    pipes.pop("jobpipe").close()
     try:
-        job.update(pickle.loads(data))
-        _set_name(f"nbddp-rank{job['rank']}".encode()[:15])
-        _become_script(job)
-        _send(ctl, ("started", os.getpid(), time.time()))
-        code = _serve(job, ctl) if job.get("pool") else _run(job, ctl)
+        job = rankjob.loads(data)
+        _set_name(f"nbddp-rank{job.rank}".encode()[:15])
+        _become_script(job, pipes)
+        _send(ctl, (msg.STARTED, os.getpid(), time.time()))
+        code = _serve(job, ctl) if job.pool else _run(job, ctl)
     except BaseException as exc:  # setup failed: say so as plainly as possible
         try:
             os.write(2, f"nbddp: worker setup failed: {exc!r}\n".encode())
@@ -82,9 +86,9 @@ def _send(ctl, message) -> None:
         pass
 
 
-def _become_script(job: dict) -> None:
-    CURRENT.update(rank=job["rank"], backend=job.get("backend"))
-    for fd, conn in ((1, job["stdout"]), (2, job["stderr"])):
+def _become_script(job: RankJob, pipes: dict) -> None:
+    CURRENT.update(rank=job.rank, backend=job.backend)
+    for fd, conn in ((1, pipes["stdout"]), (2, pipes["stderr"])):
         os.dup2(conn.fileno(), fd)
         conn.close()
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -94,26 +98,26 @@ def _become_script(job: dict) -> None:
     nostdin.install()
     sys.stdout = sys.__stdout__ = _line_stream(1)
     sys.stderr = sys.__stderr__ = _line_stream(2)
-    _watch_lifeline(job["lifeline"])
+    _watch_lifeline(pipes["lifeline"])
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    job["_stack_file"] = stackwatch.serve(job["stack_path"])  # stacks on request, no signal
-    _INTERRUPT.update(armed=True, ack=job.get("sigint_path", ""))
+    _KEPT.append(stackwatch.serve(job.stack_path))  # stacks on request, no signal
+    _INTERRUPT.update(armed=True, ack=job.sigint_path)
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.clear()
-    os.environ.update(job["env"])
-    user_rendezvous.install(job["env"], job["cell_path"])  # a cell's own MASTER_PORT/tcp:// works
+    os.environ.update(job.env)
+    user_rendezvous.install(job.env, job.cell.path)  # a cell's own MASTER_PORT/tcp:// works
     _apply_thread_env()
     teardown.install()  # destroy_process_group without torch's teardown race (nbddp/rank/teardown.py)
-    os.chdir(job["cwd"])
-    sys.path[:] = [job["cwd"]] + [p for p in job["sys_path"] if p not in ("", job["cwd"])]
-    sys.argv = list(job["argv"])
-    if job.get("forget"):  # preloaded modules whose files changed since (nbddp/forkserver/preload.py)
+    os.chdir(job.cwd)
+    sys.path[:] = [job.cwd] + [p for p in job.sys_path if p not in ("", job.cwd)]
+    sys.argv = list(job.argv)
+    if job.forget:  # preloaded modules whose files changed since (nbddp/forkserver/preload.py)
         from nbddp.forkserver.preload import forget
 
-        forget(job["forget"])
+        forget(job.forget)
     atexit._clear()  # handlers inherited from the forkserver are not the script's
-    _install_display(job["ctl"])
+    _install_display(pipes["ctl"])
 
 
 _INTERRUPT = {"armed": False, "ack": ""}
@@ -186,24 +190,25 @@ def _watch_lifeline(conn) -> None:
     threading.Thread(target=watch, name="nbddp-lifeline", daemon=True).start()
 
 
-def _run(job: dict, ctl) -> int:
-    main = _new_main(job["cell_path"])
+def _run(job: RankJob, ctl) -> int:
+    cell = job.cell
+    main = _new_main(cell.path)
     try:
-        if job.get("func") is not None:
+        if job.func is not None:
             import dill
 
-            packed = job["func"]
+            packed = job.func
             if packed["filename"] and packed["lines"]:  # so tracebacks show the notebook's lines
                 linecache.cache[packed["filename"]] = (0, None, packed["lines"], packed["filename"])
             func, args, kwargs = dill.loads(packed["payload"])
             _send_value(ctl, func(*args, **kwargs))
         else:
-            _exec_source(job, main, ctl)
+            _exec_source(cell, main, ctl)
         return 0
     except SystemExit as exc:
-        return _exit_code(exc, ctl, job["cell_path"])
+        return _exit_code(exc, ctl, cell.path)
     except BaseException as exc:  # the user's error: print like Python would, and report it
-        _report(ctl, exc, job["cell_path"], job.get("cell_label"), job.get("source"))
+        _report(ctl, exc, cell.path, cell.label, cell.source)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
@@ -215,52 +220,52 @@ def _new_main(cell_path: str) -> types.ModuleType:
     return main
 
 
-def _exec_source(cell: dict, main: types.ModuleType, ctl) -> None:
+def _exec_source(cell: Cell, main: types.ModuleType, ctl) -> None:
     """Run one cell's source in ``main``: pushed names first, pulled names sent back after."""
-    if cell.get("push"):
-        main.__dict__.update(pushing.load(cell["push"]))
-    source, path = cell["source"], cell["cell_path"]
+    if cell.push:
+        main.__dict__.update(pushing.load(cell.push))
+    source, path = cell.source, cell.path
     linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     exec(compile(source, path, "exec"), main.__dict__)
-    if cell.get("pull"):
-        _send_pulled(ctl, main.__dict__, cell["pull"])
+    if cell.pull:
+        _send_pulled(ctl, main.__dict__, cell.pull)
 
 
-def _serve(job: dict, ctl) -> int:
+def _serve(job: RankJob, ctl) -> int:
     """A pool rank: run cell after cell in one ``__main__``, keeping state and the process group.
 
     SIGINT raises KeyboardInterrupt only while a cell runs; one that arrives between cells (it
     was meant for the cell that just ended) is ignored, so it cannot break the control pipe."""
-    main = _new_main(job["cell_path"])
+    main = _new_main(job.cell.path)
     _INTERRUPT["armed"] = False
     while True:
         try:
             message = ctl.recv()
         except (EOFError, OSError):
             return 0
-        if message[0] != "exec":
+        if message[0] != msg.EXEC:  # msg.STOP
             return 0
-        cell = message[1]
-        main.__file__ = sys.argv[0] = cell["cell_path"]  # this cell's script (nbddp/kernel/cellscript.py)
-        status = "ok"
+        cell: Cell = message[1]
+        main.__file__ = sys.argv[0] = cell.path  # this cell's script (nbddp/kernel/cellscript.py)
+        status = msg.DONE_OK
         try:
             try:
                 _INTERRUPT["armed"] = True
-                _send(ctl, ("began",))  # from now on SIGINT is for this cell
+                _send(ctl, (msg.BEGAN,))  # from now on SIGINT is for this cell
                 _exec_source(cell, main, ctl)
             finally:
                 _INTERRUPT["armed"] = False
         except SystemExit as exc:  # leaving a pool rank ends that worker, as in a script
-            return _exit_code(exc, ctl, cell["cell_path"])
+            return _exit_code(exc, ctl, cell.path)
         except BaseException as exc:
-            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
-            _report(ctl, exc, cell["cell_path"], cell.get("cell_label"), cell["source"])
+            status = msg.DONE_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else msg.DONE_ERROR
+            _report(ctl, exc, cell.path, cell.label, cell.source)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:
                 pass
-        _send(ctl, ("done", status))
+        _send(ctl, (msg.DONE, status))
 
 
 def _exit_code(exc: SystemExit, ctl, cell_path: str) -> int:
@@ -271,7 +276,7 @@ def _exit_code(exc: SystemExit, ctl, cell_path: str) -> int:
     if isinstance(exc.code, int):
         return exc.code & 0xFF
     print(exc.code, file=sys.stderr)
-    _send(ctl, ("exception", {"type": "SystemExit", "message": str(exc.code), "traceback": "",
+    _send(ctl, (msg.EXCEPTION, {"type": "SystemExit", "message": str(exc.code), "traceback": "",
                               "cell_line": cell_line(_user_traceback(exc), cell_path)}))
     return 1
 
@@ -302,7 +307,7 @@ def _report(ctl, exc: BaseException, cell_path: str, label: str | None = None, s
     text = name_cell("".join(report.format()), cell_path, label, source)
     sys.stderr.write(text)
     sys.stderr.flush()
-    _send(ctl, ("exception", {"type": type(exc).__name__, "message": str(exc),
+    _send(ctl, (msg.EXCEPTION, {"type": type(exc).__name__, "message": str(exc),
                               "traceback": text, "cell_line": cell_line(tb, cell_path)}))
 
 
@@ -316,30 +321,30 @@ def _chain(report):
 
 def _send_value(ctl, value) -> None:
     try:
-        ctl.send(("return", value))
+        ctl.send((msg.RETURN, value))
     except Exception as exc:  # unpicklable result: say which, do not fail the rank silently
-        _send(ctl, ("return_error", f"{type(value).__name__} could not be sent back: {exc}"))
+        _send(ctl, (msg.RETURN_ERROR, f"{type(value).__name__} could not be sent back: {exc}"))
 
 
 def _send_pulled(ctl, namespace: dict, names) -> None:
     """The asked names this rank has; the kernel tells missing ones from the errors sent."""
     pulled = {name: namespace[name] for name in names if name in namespace}
     try:
-        ctl.send(("pulled", pulled))
+        ctl.send((msg.PULLED, pulled))
         return
     except Exception:
         pass
     errors = {}
     for name, value in pulled.items():  # find the ones that cannot be sent, to name them
         try:
-            ctl.send(("pulled", {name: value}))
+            ctl.send((msg.PULLED, {name: value}))
         except Exception as exc:
             errors[name] = f"{type(value).__name__} cannot be pickled ({exc})"
-    _send(ctl, ("pulled", {}, errors))
+    _send(ctl, (msg.PULLED, {}, errors))
 
 
 def _finish(ctl, code: int) -> None:
-    _send(ctl, ("finished", code))  # the cell is over; what follows is the process's exit
+    _send(ctl, (msg.FINISHED, code))  # the cell is over; what follows is the process's exit
     try:
         threading_shutdown = getattr(threading, "_shutdown", None)
         if threading_shutdown is not None:
@@ -355,5 +360,5 @@ def _finish(ctl, code: int) -> None:
             stream.flush()
         except BaseException:
             pass
-    _send(ctl, ("exit", code))
+    _send(ctl, (msg.EXIT, code))
     os._exit(code)

@@ -3,20 +3,17 @@
 nbddp/sources/supervisor.py; the processes themselves are nbddp/sources/rankprocs.py's."""
 from __future__ import annotations
 
-import os
-import pickle
 import signal
-import sys
 import time
-import uuid
 
 from nbddp.core import placement
-from nbddp.forkserver import preload
 from nbddp.forkserver import spares
 from nbddp.core.cellnames import log_label
-from nbddp.core.envvars import legacy_argv, rank_env
+from nbddp.core.job import Cell
+from nbddp.core.rankfiles import RankFiles
 from nbddp.kernel.logdirs import private
 from nbddp.sources.rankprocs import Rank, RankProcs
+from nbddp.sources.rankjobs import rank_jobs
 from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
 from nbddp.sources.supervisor import Source, settle
@@ -30,23 +27,21 @@ class ForkRanks(Source):
     def __init__(self, spec, *, source, func, push, cwd, base_env, log_dir, script=None, cell_label=None):
         self.spec, self.source_text, self.func, self.push = spec, source, func, push
         self.cwd, self.base_env, self.log_dir = cwd, base_env, log_dir
-        self.log_copy = os.path.join(log_dir, "cell.py")
+        self.log_copy = RankFiles(log_dir).cell_copy
         self.cell_path = script or self.log_copy  # the ranks' __file__ (nbddp/kernel/cellscript.py)
         self.cell_label = cell_label or log_label(self.log_copy)
-        self.procs = RankProcs(on_exit=self._on_exit, emit=self._emit)
+        self.procs = RankProcs(on_exit=self._on_exit, emit=self.emit)
         self.store = None
         self.use_spares = False
 
-    def _emit(self, *args) -> None:  # the supervisor replaces self.emit after this is made
-        self.emit(*args)
-
     # ---------------------------------------------------------------- startup
-    def start(self) -> None:
+    def _start(self) -> None:
         spec, log_dir = self.spec, self.log_dir
         with open(self.log_copy, "w", opener=private) as f:
             f.write(self.source_text if self.source_text is not None else
                     f"# nbddp ran the function {self.func['name']}\n")
-        plan = placement.plan(spec, placement.cuda_device_count(), self.base_env)
+        devices = placement.cuda_device_count()
+        plan = placement.plan(spec, devices, self.base_env)
         self.result = RunResult(
             ranks=[RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
                    for r in range(spec.world_size)],
@@ -56,27 +51,15 @@ class ForkRanks(Source):
         self.emit("launch_started", self.result, spec, plan.backend)
         if plan.note:
             self.note(plan.note)
-        run_id = str(uuid.uuid4())
-        forget = preload.stale()  # preloaded user modules edited since: the ranks re-import them
-        ranks, jobs = [], []
-        for res in self.result.ranks:
-            r = res.rank
-            res.stdout_path = os.path.join(log_dir, f"rank{r}.stdout")
-            res.stderr_path = os.path.join(log_dir, f"rank{r}.stderr")
-            rank = Rank(res, os.path.join(log_dir, f"rank{r}.stacks"), os.path.join(log_dir, f"rank{r}.sigint"))
-            env = rank_env(spec, r, master_port=port, run_id=run_id,
-                           error_file=os.path.join(log_dir, f"rank{r}.error.json"), base_env=self.base_env)
-            # One stdlib pickle, sent over the rank's job pipe: multiprocess would pickle it with
-            # dill (pure Python, ~3 ms a rank), and a spare forked earlier gets it the same way.
-            jobs.append(pickle.dumps({
-                "rank": r, "env": env, "cwd": self.cwd, "sys_path": list(sys.path),
-                "argv": [self.cell_path] + legacy_argv(spec, r) + list(spec.script_args),
-                "cell_path": self.cell_path, "cell_label": self.cell_label, "source": self.source_text, "func": self.func,
-                "stack_path": rank.stack_path, "sigint_path": rank.sigint_path,
-                "pull": [name.split("@")[0] for name in spec.pull], "backend": plan.backend,
-                "push": self.push, "pool": False, "forget": forget,
-            }, protocol=pickle.HIGHEST_PROTOCOL))
-            ranks.append(rank)
+        files = RankFiles(log_dir)
+        cell = Cell(self.source_text, self.cell_path, self.cell_label, self.push,
+                    [name.split("@")[0] for name in spec.pull])
+        jobs = rank_jobs(spec, files, cell, master_port=port, cwd=self.cwd, base_env=self.base_env,
+                         device_count=devices, backend=plan.backend, func=self.func)
+        ranks = []
+        for res, job in zip(self.result.ranks, jobs):
+            res.stdout_path, res.stderr_path = files.stdout(res.rank), files.stderr(res.rank)
+            ranks.append(Rank(res, job.stack_path, job.sigint_path))
         self.use_spares = spares.usable(spec, pool_mode=False)
         restarted = self.procs.start(ranks, jobs, spec.start_method, duplex=False, use_spares=self.use_spares)
         if restarted:

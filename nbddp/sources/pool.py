@@ -11,11 +11,8 @@ process group cannot be mended; the cell raises, ``status()`` says what happened
 from __future__ import annotations
 
 import os
-import pickle
 import signal
-import sys
 import time
-import uuid
 from dataclasses import replace
 
 from nbddp.kernel import cellscript
@@ -24,8 +21,11 @@ from nbddp.kernel import logdirs
 from nbddp.core import placement
 from nbddp.kernel import pushing
 from nbddp.sources import supervisor
+from nbddp.core import messages as msg
 from nbddp.core.cellnames import log_label
-from nbddp.core.envvars import legacy_argv, rank_env
+from nbddp.core.job import Cell
+from nbddp.core.rankfiles import RankFiles
+from nbddp.sources.rankjobs import rank_jobs
 from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RankResult, RunResult
@@ -45,14 +45,12 @@ class PoolRanks(Source):
 
     def __init__(self, pool: "Pool"):
         self.pool = pool
-        self.procs = RankProcs(on_exit=self._on_exit, on_message=self._on_message, emit=self._emit)
+        self.procs = RankProcs(on_exit=self._on_exit, on_message=self._on_message, emit=self.emit)
         self.pending: set[int] = set()
         self.peer_failed_at: float | None = None
         self.deferred: dict[int, tuple[str, str]] = {}  # SIGINT for ranks that have not begun
-        self.cell: dict | None = None
-
-    def _emit(self, *args) -> None:
-        self.emit(*args)
+        self.cell: Cell | None = None  # the next cell, sent to the ranks in ``targets``
+        self.targets: list[int] = []
 
     @property
     def interrupted_note(self) -> str:
@@ -60,21 +58,21 @@ class PoolRanks(Source):
                 else "interrupted: the cell was stopped on every rank")
 
     # ----------------------------------------------------------------- a cell
-    def start(self) -> None:
+    def _start(self) -> None:
         """Hand the cell to its ranks (they are running already)."""
         self.emit("launch_started", self.result, self.pool.spec, self.pool.backend)
-        warning = diagnosis.collective_warning(self.source_text, self.cell["targets"], self.pool.spec.world_size)
+        targets = self.targets
+        warning = diagnosis.collective_warning(self.source_text, targets, self.pool.spec.world_size)
         if warning:
             self.note(warning)
         self.pending, self.peer_failed_at, self.deferred = set(), None, {}
-        targets = self.cell.pop("targets")
         for rank in self.procs.ranks:
             res = rank.result
             rank.stop, rank.sent, rank.ended, rank.began = None, set(), False, False
             if res.rank in targets and rank.alive:
                 res.state, res.started_at = RUNNING, time.time()
                 try:
-                    rank.ctl.send(("exec", self.cell))
+                    rank.ctl.send((msg.EXEC, self.cell))
                 except (OSError, ValueError, AttributeError):
                     continue  # it died meanwhile: its exit breaks the pool
                 self.pending.add(res.rank)
@@ -89,21 +87,21 @@ class PoolRanks(Source):
         self.procs.poll(timeout)
 
     def _on_message(self, rank: Rank, message) -> None:
-        if message[0] == "began":  # the rank runs the cell: an interrupt that waited goes now
+        if message[0] == msg.BEGAN:  # the rank runs the cell: an interrupt that waited goes now
             rank.began = True
             if rank.result.rank in self.deferred:
                 self.procs.signal([rank], signal.SIGINT, *self.deferred.pop(rank.result.rank))
             return
-        if message[0] != "done":
+        if message[0] != msg.DONE:
             return
         self.procs.drain_now(rank)
         rank.ended = True
         res = rank.result
         self.pending.discard(res.rank)
         res.ended_at = time.time()
-        if message[1] == "ok":
+        if message[1] == msg.DONE_OK:
             res.state, res.cause = OK, ""
-        elif message[1] == "interrupted" and signal.SIGINT in rank.sent:
+        elif message[1] == msg.DONE_INTERRUPTED and signal.SIGINT in rank.sent:
             res.state = TIMED_OUT if self.result.timed_out else INTERRUPTED
             res.cause = "stopped in the cell"
         else:
@@ -244,27 +242,16 @@ class Pool:
         self.log_root = logdirs.new_log_dir(spec.log_dir, hold=True)  # kept while the pool lives
         self.store, port = host_for(spec)
         self.master_port = port
-        plan = placement.plan(spec, placement.cuda_device_count(), self.base_env)
+        devices = placement.cuda_device_count()
+        plan = placement.plan(spec, devices, self.base_env)
         self.backend, self.backend_note = plan.backend, plan.note
         source.result = self._fresh_result(self.log_root)
         supervisor.register(source)
-        run_id = str(uuid.uuid4())
-        cell_path = os.path.join(self.log_root, "cell.py")
-        ranks, jobs = [], []
-        for res in source.result.ranks:
-            r = res.rank
-            rank = Rank(res, os.path.join(self.log_root, f"rank{r}.stacks"),
-                        os.path.join(self.log_root, f"rank{r}.sigint"))
-            env = rank_env(spec, r, master_port=port, run_id=run_id,
-                           error_file=os.path.join(self.log_root, f"rank{r}.error.json"), base_env=self.base_env)
-            jobs.append(pickle.dumps({
-                "rank": r, "env": env, "cwd": self.cwd, "sys_path": list(sys.path),
-                "argv": [cell_path] + legacy_argv(spec, r) + list(spec.script_args),
-                "cell_path": cell_path, "source": "", "func": None, "stack_path": rank.stack_path,
-                "sigint_path": rank.sigint_path, "pull": [], "backend": self.backend, "push": None,
-                "pool": True,
-            }, protocol=pickle.HIGHEST_PROTOCOL))
-            ranks.append(rank)
+        files = RankFiles(self.log_root)
+        first = Cell(source="", path=files.cell_copy)  # each cell comes as msg.EXEC with its own
+        jobs = rank_jobs(spec, files, first, master_port=port, cwd=self.cwd, base_env=self.base_env,
+                         device_count=devices, backend=self.backend, pool=True)
+        ranks = [Rank(res, job.stack_path, job.sigint_path) for res, job in zip(source.result.ranks, jobs)]
         restarted = source.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=False)
         if restarted:
             print(f"nbddp: {restarted}")
@@ -279,7 +266,7 @@ class Pool:
             for rank in procs.ranks:
                 if rank.alive and rank.ctl is not None:
                     try:
-                        rank.ctl.send(("stop",))
+                        rank.ctl.send((msg.STOP,))
                     except (OSError, ValueError):
                         pass
             deadline = time.monotonic() + STOP_WAIT_S
@@ -343,7 +330,7 @@ class Pool:
         try:
             self.cells_run += 1
             cell_dir = logdirs.new_cell_dir(self.log_root, self.cells_run)
-            log_copy = os.path.join(cell_dir, "cell.py")
+            log_copy = RankFiles(cell_dir).cell_copy
             with open(log_copy, "w", opener=logdirs.private) as f:
                 f.write(source)
             cell_path = script or log_copy
@@ -354,13 +341,12 @@ class Pool:
             src.result.script = cell_path
             for rank in src.procs.ranks:
                 rank.open_logs()
-            src.cell = {"source": source, "cell_path": cell_path, "cell_label": cell_label,
-                        "push": payload, "pull": list(pull), "targets": targets}
+            src.cell = Cell(source, cell_path, cell_label, payload, list(pull))
+            src.targets = targets
             self.state = BUSY
             try:
                 result = Supervisor(src, replace(self.spec, timeout=spec.timeout), sinks).run()
             finally:
-                src.emit = Source.emit.__get__(src)  # between cells nothing listens
                 if self.state == BUSY:
                     self.state = IDLE if all(r.alive for r in src.procs.ranks) else BROKEN
         finally:
@@ -372,10 +358,10 @@ class Pool:
         spec = self.spec
         ranks = []
         handles = self.ranks
+        files = RankFiles(log_dir)
         for r in range(spec.world_size):
             res = RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
-            res.stdout_path = os.path.join(log_dir, f"rank{r}.stdout")
-            res.stderr_path = os.path.join(log_dir, f"rank{r}.stderr")
+            res.stdout_path, res.stderr_path = files.stdout(r), files.stderr(r)
             if r < len(handles):
                 res.pid = handles[r].result.pid
                 handles[r].result = res

@@ -16,6 +16,8 @@ from nbddp.sources import exitstatus
 from nbddp.forkserver import spares
 from nbddp.forkserver import starter
 from nbddp.kernel.logdirs import private
+from nbddp.core import messages as msg
+from nbddp.core.job import RankJob
 from nbddp.core.result import RUNNING, RankResult
 
 READ_CHUNK = 1 << 16
@@ -34,7 +36,7 @@ class Rank:
         self.ctl = None
         self.lifeline_w: int | None = None
         self.logs: dict[str, object] = {}
-        self.started = False  # said "started": setsid done, user code may run
+        self.started = False  # said msg.STARTED: setsid done, user code may run
         self.alive = False
         self.ended = False    # reported the end of its user code (exception / exit / done)
         self.reported: int | None = None  # the exit code it said it exits with
@@ -64,7 +66,7 @@ class Rank:
 
 class RankProcs:
     """The processes of a launch's ranks. ``on_message(rank, message)`` gets what the common
-    handling leaves (e.g. a pool's "done"); ``on_exit(rank)`` is called once a rank has exited."""
+    handling leaves (e.g. a pool's ``msg.DONE``); ``on_exit(rank)`` is called once a rank has exited."""
 
     def __init__(self, on_exit, on_message=None, emit=None):
         self.ranks: list[Rank] = []
@@ -74,9 +76,9 @@ class RankProcs:
         self.emit = emit or (lambda *args: None)
 
     # ---------------------------------------------------------------- startup
-    def start(self, ranks: list[Rank], jobs: list[bytes], start_method: str, duplex: bool,
+    def start(self, ranks: list[Rank], jobs: list[RankJob], start_method: str, duplex: bool,
               use_spares: bool) -> str | None:
-        """Start every rank at once with its job (one pickle). Ranks are known here before
+        """Start every rank at once with its job (nbddp/core/job.py). Ranks are known here before
         anything starts, so whatever did start is ended by ``kill_now``/``close``. Returns a
         line to show if the forkserver had died and a new one was started."""
         ctx = starter.context(start_method)
@@ -195,24 +197,24 @@ class RankProcs:
 
     def _on_message(self, rank: Rank, message) -> None:
         kind, res = message[0], rank.result
-        if kind == "started":
+        if kind == msg.STARTED:
             rank.started = True
-        elif kind == "exception":
+        elif kind == msg.EXCEPTION:
             res.exception = message[1]
             rank.ended = True
-        elif kind == "exit":
+        elif kind == msg.EXIT:
             rank.ended = True
             rank.reported = message[1]
-        elif kind == "finished":
+        elif kind == msg.FINISHED:
             rank.finished = (message[1], time.monotonic())
-        elif kind == "return":
+        elif kind == msg.RETURN:
             res.value = message[1]
-        elif kind == "pulled":  # the names it has; then, if any could not be sent, why not
+        elif kind == msg.PULLED:  # the names it has; then, if any could not be sent, why not
             res.pulled.update(message[1])
             res.pull_errors.update(message[2] if len(message) > 2 else {})
-        elif kind == "return_error":
+        elif kind == msg.RETURN_ERROR:
             self.emit("note", f"rank {res.rank}: {message[1]}")
-        elif kind == "display":
+        elif kind == msg.DISPLAY:
             self.emit("display", res.rank, message[1])
         else:
             self.on_message(rank, message)
@@ -255,7 +257,7 @@ class RankProcs:
         for rank in ranks:
             if not rank.alive:
                 continue
-            self.read_ctl(rank)  # a "started" already sent counts
+            self.read_ctl(rank)  # a STARTED already sent counts
             if rank.stop is None:
                 rank.stop = (reason, why)
             if sig == signal.SIGINT and rank.started:

@@ -79,14 +79,29 @@ class Source:
     cell_label: str | None = None  # how stacks name cell_path's frames (nbddp/core/cellnames.py)
     source_text: str | None = None
 
-    def emit(self, event: str, *args) -> None:  # replaced by the supervisor's
-        pass
+    _listener = None  # the supervisor's emit, from ``start`` until the launch has ended
+
+    def emit(self, event: str, *args) -> None:
+        """Report ``event`` (one of nbddp/core/sink.py's) to the sinks of the launch running
+        now; outside a launch (a pool between cells) nothing listens."""
+        if self._listener is not None:
+            self._listener(event, *args)
 
     def note(self, text: str) -> None:
         self.result.notes.append(text)
         self.emit("note", text)
 
-    def start(self) -> None:
+    def start(self, emit) -> None:
+        """Start the processes, reporting what happens to ``emit(event, *args)`` (the
+        supervisor's) until ``detach``. As torch's PContext.start: the work is ``_start``."""
+        self._listener = emit
+        self._start()
+
+    def detach(self) -> None:
+        """The launch is over: its sinks hear nothing more (a pool's ranks outlive the cell)."""
+        self._listener = None
+
+    def _start(self) -> None:
         """Start the processes. Whatever it started must be known to ``kill_now``/``close``
         even when it fails half-way."""
 
@@ -144,11 +159,16 @@ class Supervisor:
         self.handler_noted = False
         self.last_output = time.monotonic()
         self.idle_warned = False
-        source.emit = self.emit
 
     # ----------------------------------------------------------------- public
     def run(self):
         """Start, pump until every process has ended, close; the RunResult (or what start raised)."""
+        try:
+            return self._run()
+        finally:
+            self.source.detach()
+
+    def _run(self):
         source = self.source
         error = None
         with self._sigint_as_flag():
@@ -157,7 +177,7 @@ class Supervisor:
             try:
                 self.state = STARTING
                 try:
-                    source.start()
+                    source.start(self.emit)
                     self.state = RUNNING
                     self.last_output = time.monotonic()
                     self._loop()

@@ -140,7 +140,7 @@ class ElasticLaunch(Source):
         return Supervisor(self, self.spec, self.sinks).run()
 
     # ---------------------------------------------------------------- Source
-    def start(self) -> None:
+    def _start(self) -> None:
         spec = self.spec
         log_dir = new_log_dir(spec.log_dir)
         self.status_dir = os.path.join(log_dir, "status")

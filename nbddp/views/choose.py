@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from nbddp.core.sink import Sink
 from nbddp.views import transcript
 from nbddp.views.textview import TextView
 
@@ -61,7 +62,7 @@ def output_mode(spec, shell=None) -> str:
     return "widgets" if widget_frontend(shell) else "text"
 
 
-class TranscriptView:
+class TranscriptView(Sink):
     """Text mode's companion in a Jupyter kernel: rich output from the ranks as it arrives, and
     the static per-rank transcript (text/plain + text/html) once the launch has ended."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import time
 
+from nbddp.core.sink import Sink
 from nbddp.views import terminal
 from nbddp.views import transcript
 from nbddp.views.terminal import Terminal
@@ -24,7 +25,7 @@ TEXT_LIMIT_CHARS = 5_000_000  # text sent per launch; the rest stays in the logs
 LINE_LIMIT = 2_000_000        # characters of one line sent (a 1 MB line arrives whole)
 
 
-class TextView:
+class TextView(Sink):
     """A sink for Launch events that prints as lines arrive."""
 
     shows_output = True  # a failed rank's traceback is on screen: the DDPError need not repeat it

@@ -26,6 +26,7 @@ import ipywidgets as W
 from ipywidgets.widgets.widget_string import HTMLStyle
 from IPython.display import display as ipy_display
 
+from nbddp.core.sink import Sink
 from nbddp.views import transcript
 from nbddp.core.diagnosis import IDLE_WARNING
 from nbddp.core.result import OK, RUNNING, STARTING
@@ -89,7 +90,7 @@ def _pre(body: str) -> str:
     return f'<pre style="margin:0;font-size:12px;line-height:1.35;white-space:pre">{body}</pre>'
 
 
-class WidgetView:
+class WidgetView(Sink):
     """A Launch sink that draws the live widget view (and leaves a static transcript)."""
 
     shows_output = True  # the transcript holds each failed rank's traceback

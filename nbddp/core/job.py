@@ -1,0 +1,54 @@
+"""What one of nbddp's own ranks is sent: its ``RankJob`` (once, as it starts) and, for a pool
+rank, a ``Cell`` per cell. Built in the kernel by nbddp/sources/rankjobs.py (one function for
+fresh and pool ranks), applied by nbddp/rank/worker.py.
+
+One stdlib pickle a rank, sent over its job pipe (multiprocess would pickle it with dill, pure
+Python, ~3 ms a rank; a spare forked earlier gets it the same way). Plain dataclasses: they
+pickle as their class's name and a dict, about as fast as the dict they replace. Imports
+nothing of nbddp: the rank unpickles it.
+"""
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Cell:
+    """The code a rank runs: a fresh rank's one cell (or callable), or one cell of a pool."""
+
+    source: str | None          # the cell's text; None when a callable (RankJob.func) runs
+    path: str                   # its __file__ and sys.argv[0] (nbddp/kernel/cellscript.py)
+    label: str | None = None    # how tracebacks name it ("Cell In[3]"; nbddp/core/cellnames.py)
+    push: dict | None = None    # --push values: a shared file to map (nbddp/kernel/pushing.py)
+    pull: list[str] = field(default_factory=list)  # --pull names to send back after it ran
+
+
+@dataclass
+class RankJob:
+    """Everything rank ``rank`` needs to become a torchrun-like script process."""
+
+    rank: int
+    env: dict[str, str]         # its whole environment (nbddp/core/envvars.py)
+    cwd: str
+    sys_path: list[str]         # the kernel's, with cwd first
+    argv: list[str]             # sys.argv: the cell's path, the legacy --local-rank, script args
+    stack_path: str             # where it writes its stacks when asked (nbddp/core/rankfiles.py)
+    sigint_path: str            # what it touches when SIGINT reaches its Python code
+    backend: str | None         # the backend auto picked (nbddp.backend() in the rank)
+    cell: Cell                  # a pool rank's: only its first __file__; cells come as EXEC
+    func: dict | None = None    # a packed callable to run instead of cell.source (nbddp/sources/local.py)
+    pool: bool = False          # serve cell after cell (nbddp/sources/pool.py) instead of one
+    forget: list[str] = field(default_factory=list)  # preloaded modules edited since: re-import
+
+
+def dumps(job: RankJob) -> bytes:
+    """One rank's job as sent over its job pipe."""
+    return pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes) -> RankJob:
+    job = pickle.loads(data)
+    if not isinstance(job, RankJob):
+        raise TypeError(f"not a RankJob: {type(job).__name__}")
+    return job

@@ -1,0 +1,51 @@
+"""What a launch tells the code that shows it: the events a sink gets, in order, from the
+supervisor (nbddp/sources/supervisor.py) and the source it runs. A sink is any object with
+some of these methods (``nbddp.run(..., sinks=[...])`` takes one's own); the supervisor calls
+those it has, by name. nbddp's views (nbddp/views/) declare that they implement ``Sink``, and
+inherit a no-op for the events they ignore.
+
+Order for one launch: ``launch_started``; then, as they happen, ``rank_started`` (once a rank
+runs), ``output``, ``display``, ``note``, ``rank_exited`` (when it ends, with its final
+state; a rank torchrun restarts starts again), with ``tick`` about every 0.1 s in between;
+``launch_finished`` last, once every process has ended and been reaped. Every call comes on
+the thread that runs the launch (the kernel's main thread for the magic).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Sink(Protocol):
+    """Receives one launch's events. Results are shared, live objects: read them, do not keep
+    references to change later."""
+
+    shows_output: bool = False
+    """True for a sink that puts the ranks' output on screen, so the DDPError need not repeat
+    a failed rank's traceback (the result's ``displayed`` then lists the ranks shown)."""
+
+    def launch_started(self, result, spec, backend: str) -> None:
+        """The launch begins: ``result`` (a RunResult with the ranks expected, none started;
+        torchrun may renumber them later), its LaunchSpec and the backend picked ("nccl", "gloo")."""
+
+    def rank_started(self, rank_result) -> None:
+        """A rank's process runs (for a pool: the cell was sent to it); ``rank_result.pid`` is set."""
+
+    def output(self, rank: int, stream: str, data: bytes) -> None:
+        """Bytes rank ``rank`` wrote to ``stream`` ("stdout" or "stderr"), as read from its
+        pipe: not split into lines, possibly mid-character; the full log is on disk."""
+
+    def display(self, rank: int, bundle: dict) -> None:
+        """A mime bundle from ``display()`` / ``plt.show()`` in rank ``rank``."""
+
+    def note(self, text: str) -> None:
+        """One line nbddp has to say (a placement note, an idle warning with the stacks, the
+        interrupt); also kept in ``result.notes``."""
+
+    def tick(self) -> None:
+        """The supervisor's clock (about every 0.1 s while the launch runs): flush batched updates."""
+
+    def rank_exited(self, rank_result) -> None:
+        """A rank ended; its ``state``, ``exitcode`` and ``cause`` are final."""
+
+    def launch_finished(self, result) -> None:
+        """Every process has ended and ``result`` is complete (notes, hints, ``displayed``)."""
