@@ -16,6 +16,7 @@ from nbddp.views.choose import make_sinks
 from nbddp.core.cellnames import cell_label
 from nbddp.core.result import Interrupted
 from nbddp.core.spec import LaunchSpec, parse_line
+from nbddp.core.states import PoolState
 
 # Options that shape a job: a cell on a running pool cannot change them.
 _SHAPE_FIELDS = ("nproc_per_node", "nnodes", "master_addr", "master_port", "backend", "env",
@@ -53,7 +54,7 @@ class DDPMagics(Magics):
             raise Interrupted("nbddp: interrupted; no rank is running") from None
 
     def _ddp(self, line: str, cell: str):
-        pool = self.pool if (self.pool is not None and self.pool.state != "stopped") else None
+        pool = self.pool if (self.pool is not None and self.pool.state != PoolState.STOPPED) else None
         spec = parse_line(line, shape=pool.spec if pool is not None else None)
         if spec is None:  # -h
             return None
