@@ -34,6 +34,7 @@ def test_one_phrase_names_ranks(ranks, phrase):
 def test_states_are_their_words_in_text_and_json():
     assert RankState.TIMED_OUT == "timed out" and f"{RankState.TIMED_OUT}" == "timed out"
     assert str(RankState.OK) == "ok" and f"{RankState.OK:>4}" == "  ok"
+    assert repr([(0, RankState.OK)]) == "[(0, 'ok')]" and "state='failed'" in repr(rank(1, RankState.FAILED))
     assert json.dumps({"state": RankState.FAILED}) == '{"state": "failed"}'
     assert RankState("terminated") is RankState.TERMINATED
     assert LaunchState.STOPPING == "stopping" and PoolState.IDLE == "ready" and StopReason.TIMEOUT == "timeout"

@@ -1,13 +1,17 @@
 """The states nbddp compares, named: a rank's, a launch's (the supervisor's), a pool's, and why
 nbddp stopped a launch. ``str`` enums, so each member equals its word ("ok" == RankState.OK),
-prints as it and goes into JSON as it: views, ``_ddp`` and saved notebooks read the same text."""
+prints, reprs and goes into JSON as it: views, ``_ddp`` and saved notebooks read the same text."""
 from __future__ import annotations
 
 from enum import Enum
 
 
 class _Words(str, Enum):
-    """A str enum that prints and formats as its value (as 3.11's StrEnum; 3.10 has none)."""
+    """A str enum that prints, formats and reprs as its value (so ``_ddp.ranks`` and a list of
+    states in a notebook read as before: 'ok', not <RankState.OK: 'ok'>)."""
+
+    def __repr__(self) -> str:
+        return str.__repr__(self)
 
     def __str__(self) -> str:
         return str.__str__(self)

@@ -89,8 +89,7 @@ class ElasticLaunch(Source):
 
     def command(self, cell_path: str) -> list[str]:
         """The agent's command line (overridable: e.g. ``srun`` in front of it)."""
-        return ([sys.executable, "-m", torchrun_cli.RUN_MODULE] + self.options +
-                torchrun_cli.rank_entry(self.result.log_dir, cell_path, self.spec.script_args))
+        return torchrun_cli.agent_command(sys.executable, self.spec, self.result.log_dir, cell_path)
 
     def stop_agent(self, sig: int) -> None:
         """Signal the agent's session (overridable: e.g. ``scancel`` the job as well)."""
