@@ -3,42 +3,15 @@
 
 The script is the cell as the ranks ran it: line 1 is the ``# %%ddp ...`` line, so a traceback
 from the script names the same line numbers as the notebook; the commands follow as a comment
-block at the end. Nothing of nbddp is needed to run it.
+block at the end (built by nbddp/core/torchrun_cli.py). Nothing of nbddp is needed to run it.
 """
 from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import replace
 
 from nbddp.core.spec import LaunchSpec, check_cell, check_script_name, parse_line
-
-DEFAULT_MASTER_PORT = 29500  # torchrun's own default
-
-
-def node_commands(spec: LaunchSpec, script: str) -> list[str]:
-    """One torchrun command line per node (a single one for one node)."""
-    from nbddp.sources.torchrun import torchrun_options
-
-    if spec.nnodes > 1 and not spec.rdzv_endpoint and spec.master_port is None:
-        spec = replace(spec, master_port=DEFAULT_MASTER_PORT)
-    if spec.nnodes == 1 and not spec.rdzv_endpoint and spec.master_port is None:
-        nodes = [None]
-    else:
-        nodes = list(range(spec.nnodes))
-    tail = [script] + list(spec.script_args)
-    env = [f"{k}={shlex.quote(v)}" for k, v in spec.env]
-    commands = []
-    for node in nodes:
-        opts = torchrun_options(spec, node_rank=node)
-        commands.append(" ".join(env + launcher_words(spec) + opts + [shlex.quote(word) for word in tail]))
-    return commands
-
-
-def launcher_words(spec: LaunchSpec) -> list[str]:
-    """``torchrun``; for a ``--legacy-launch`` cell (it reads ``--local-rank`` from argv) the
-    deprecated ``torch.distributed.launch``, which still passes that flag."""
-    return ["torchrun"] if spec.legacy_launch is None else ["python", "-m", "torch.distributed.launch"]
+from nbddp.core.torchrun_cli import node_commands
 
 
 def script_text(body: str, spec: LaunchSpec, script: str) -> str:

@@ -17,6 +17,7 @@ from nbddp.core.cellnames import cell_label
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.result import Interrupted
 from nbddp.core.spec import LaunchSpec, parse_export_line, parse_line, parse_pool_line
+from nbddp.core.states import PoolState
 
 
 @contextlib.contextmanager
@@ -47,7 +48,7 @@ class DDPMagics(Magics):
             raise Interrupted("nbddp: interrupted; no rank is running") from None
 
     def _ddp(self, line: str, cell: str):
-        pool = self.pool if (self.pool is not None and self.pool.state != "stopped") else None
+        pool = self.pool if (self.pool is not None and self.pool.state != PoolState.STOPPED) else None
         spec = parse_line(line, shape=pool.spec if pool is not None else None)
         if spec is None:  # -h
             return None

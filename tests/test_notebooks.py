@@ -8,10 +8,8 @@ the checkpoints and logs the lessons write stay out of the repository.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
-import shutil
 import sys
 import time
 

@@ -1,5 +1,6 @@
 """Turning what ranks left behind (exit codes, signals, tracebacks, faulthandler stacks, stderr)
-into one-line explanations. Pure text logic, so each rule is unit-tested on its own."""
+and what torchrun's agent (or srun) logged into one-line explanations. Pure text logic, so each
+rule is unit-tested on its own."""
 from __future__ import annotations
 
 import os
@@ -7,7 +8,8 @@ import re
 import signal
 import time
 
-from nbddp.core.result import FAILED, KILLED, OK
+from nbddp.core.states import RankState
+from nbddp.core.summary import label
 
 NOT_TARGETED = "not targeted by this cell"
 
@@ -123,7 +125,7 @@ def split_ranks_hint(result) -> str | None:
     blocked = [r for r in result.ranks if r.blocked_at]
     lines = {r.blocked_at.split(":", 1)[0] for r in blocked}
     in_collective = any(_COLLECTIVE.search(r.blocked_at) for r in blocked)
-    others = len(lines) > 1 or any(r.state == OK for r in result.ranks)
+    others = len(lines) > 1 or any(r.state == RankState.OK for r in result.ranks)
     if blocked and in_collective and others:
         return ("the ranks are not all in the same collective (a collective inside "
                 "`if rank == ...:`, or a rank that took another branch); every rank must make the "
@@ -160,20 +162,15 @@ def where_ranks_are(result, only=None) -> str:
     for r in considered:
         if r.blocked_at:
             parts.append(f"rank {r.rank} blocked at {r.blocked_at}")
-        elif r.state not in (OK,) and r.ended_at is None:
+        elif r.state != RankState.OK and r.ended_at is None:
             parts.append(f"rank {r.rank} still running (no stack)")
-    finished = [r.rank for r in result.ranks if r.state == OK and r.cause != NOT_TARGETED]
+    finished = [r.rank for r in result.ranks if r.state == RankState.OK and r.cause != NOT_TARGETED]
     if finished:
-        parts.append(_plural("rank", finished) + " finished ok")
+        parts.append(label(finished) + " finished ok")
     idle = [r.rank for r in result.ranks if r.cause == NOT_TARGETED]
     if idle:
-        parts.append(_plural("rank", idle) + " not running this cell")
+        parts.append(label(idle) + " not running this cell")
     return "; ".join(parts) + "." if parts else ""
-
-
-def _plural(word: str, ranks: list[int]) -> str:
-    from nbddp.core.result import _ranges
-    return f"{word}{'s' if len(ranks) > 1 else ''} {_ranges([str(r) for r in ranks])}"
 
 
 # ------------------------------------------------------------------- hints
@@ -278,11 +275,11 @@ def add_hints(result, private_net: bool = False) -> None:
         if rank.ok or rank.hint:
             continue
         stderr = rank.stderr
-        if rank.state == KILLED and " at cell line " not in rank.cause:
+        if rank.state == RankState.KILLED and " at cell line " not in rank.cause:
             where = crash_line(stderr, result.script or result.cell_file, result.cell_file)
             if where:
                 rank.cause += f" at {where}"
-        if rank.state == FAILED and rank.exception is None and rank.cause.startswith("exited with code"):
+        if rank.state == RankState.FAILED and rank.exception is None and rank.cause.startswith("exited with code"):
             said = last_error_line(stderr)
             if said and said not in rank.cause:
                 rank.cause += f": {said}"
@@ -366,9 +363,45 @@ def collective_warning(source: str, targets, world_size: int) -> str | None:
         return None
     others = sorted(set(range(world_size)) - set(targets))
     line, name = calls[0]
-    from nbddp.core.result import _ranges
-    return (f"warning: this cell runs on rank{'s' if len(targets) > 1 else ''} "
-            f"{_ranges([str(t) for t in targets])} only, but calls {name}() (cell line {line}), "
-            f"a collective that rank{'s' if len(others) > 1 else ''} "
-            f"{_ranges([str(o) for o in others])} will never join: it will hang "
+    return (f"warning: this cell runs on {label(set(targets))} only, but calls {name}() (cell line {line}), "
+            f"a collective that {label(others)} will never join: it will hang "
             f"(give --timeout to have it stopped and diagnosed)")
+
+
+# ------------------------------------------------------- torchrun's agent and srun
+_AGENT_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+_AGENT_ERROR = re.compile(r"^[\w.]*(Error|Exception)\b|^torch\.distributed\.\S+(Error|Exception)")
+_RDZV_TIMEOUT = ("RendezvousTimeoutError", "RendezvousClosedError")
+SRUN_ERROR = "srun: error: "
+
+
+def agent_failures(agent_log: str) -> list[tuple[int, int, int]]:
+    """(rank, local rank, exit code) of each rank torchrun's failure summary names."""
+    return [(int(a), int(b), int(c)) for a, b, c in _AGENT_FAILURE.findall(agent_log)]
+
+
+def agent_failure(agent_log: str, code: int, spec, log_path: str) -> str:
+    """One line for torchrun's own failure (no rank's exception explains it): a rendezvous that
+    timed out, else the last error line of its log."""
+    if any(word in agent_log for word in _RDZV_TIMEOUT):
+        waited = f" within {spec.rdzv_timeout:g} s" if spec.rdzv_timeout else ""
+        where = spec.rdzv_endpoint or f"{spec.master_addr}:{spec.master_port}"
+        return (f"rendezvous timed out: not all {spec.nnodes} nodes joined at {where}{waited} "
+                f"(no rank starts until all have). Start torchrun (or %%ddp --launcher torchrun) on "
+                f"the other node{'s' if spec.nnodes > 2 else ''} with the same --nnodes, "
+                f"--rdzv-endpoint and --rdzv-id; torchrun's log: {log_path}")
+    errors = [line.strip() for line in agent_log.splitlines()
+              if _AGENT_ERROR.match(line.strip())
+              or line.startswith(("usage:", "torchrun: error", "run.py: error"))]
+    last = errors[-1] if errors else (agent_log.strip().splitlines() or [""])[-1]
+    return f"torchrun exited with code {code}: {last[:300]} (torchrun's log: {log_path})"
+
+
+def srun_errors(agent_lines) -> list[str]:
+    """srun's own error lines (srun, not torchrun, is the agent of ``--launcher slurm``)."""
+    return [line.strip() for line in agent_lines if line.startswith(SRUN_ERROR)]
+
+
+def srun_failure(errors: list[str], code: int, log_path: str) -> str:
+    """One line for srun's failure: its first error."""
+    return f"srun exited with code {code}: {errors[0][len(SRUN_ERROR):][:300]} (srun's log: {log_path})"

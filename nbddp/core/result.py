@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbddp.core.rankfiles import RankFiles
+from nbddp.core.states import FINAL_STATES, RankState  # noqa: F401 - FINAL_STATES: imported from here
+from nbddp.core.summary import label, state_lines
 
-# Rank states, in the order a rank goes through them.
-STARTING, RUNNING, OK, FAILED, TIMED_OUT, KILLED, TERMINATED, INTERRUPTED = (
-    "starting", "running", "ok", "failed", "timed out", "killed", "terminated", "interrupted")
-FINAL_STATES = (OK, FAILED, TIMED_OUT, KILLED, TERMINATED, INTERRUPTED)
+# Rank states (nbddp/core/states.py), by the names the sources and views import from here.
+STARTING, RUNNING, OK, FAILED, TIMED_OUT, KILLED, TERMINATED, INTERRUPTED = RankState
 
 
 def signal_name(number: int) -> str:
@@ -30,7 +30,7 @@ class RankResult:
     local_rank: int
     node_rank: int
     pid: int | None = None
-    state: str = STARTING
+    state: RankState = STARTING
     exitcode: int | None = None
     cause: str = ""
     exception: dict | None = None
@@ -141,12 +141,10 @@ class RunResult:
                 return (f"all {len(self.ranks)} ranks on this node (of {self.world_size} in the job) "
                         f"finished ok in {self.elapsed:.2f} s")
             return f"all {self.world_size} ranks finished ok in {self.elapsed:.2f} s"
-        from nbddp.core.summary import state_lines   # ranks in the same state said once
-
-        lines = state_lines(self.ranks)
-        oks = [str(r.rank) for r in self.ranks if r.ok]
+        lines = state_lines(self.ranks)  # ranks in the same state said once
+        oks = [r.rank for r in self.ranks if r.ok]
         if oks:
-            lines.append(f"rank{'s' if len(oks) > 1 else ''} {_ranges(oks)} finished ok")
+            lines.append(f"{label(oks)} finished ok")
         return "\n".join(lines + self.notes)
 
     def raise_for_status(self) -> "RunResult":
@@ -156,12 +154,6 @@ class RunResult:
             raise Interrupted("nbddp: " + next((n for n in reversed(self.notes) if n.startswith("interrupted")),
                                                "interrupted: all ranks were stopped"))
         raise (DDPTimeout if self.timed_out else DDPError)(self)
-
-
-def _ranges(ranks: list[str]) -> str:
-    from nbddp.core.summary import ranges
-
-    return ranges(int(r) for r in ranks)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -187,7 +179,7 @@ class DDPError(RuntimeError):
         bad = self.result.failed
         if not bad:
             return "the launch failed"
-        return "rank" + ("s " if len(bad) > 1 else " ") + ",".join(str(r.rank) for r in bad) + " failed"
+        return f"{label([r.rank for r in bad])} failed"
 
     def _render_traceback_(self):
         """IPython shows this instead of a traceback from inside nbddp."""
@@ -196,8 +188,6 @@ class DDPError(RuntimeError):
         for r in self.result.failed:
             if r.hint:
                 lines.append(f"  hint (rank {r.rank}): {r.hint}")
-        from nbddp.core.summary import ranges
-
         shown = set(self.result.displayed)
         with_traceback = [r for r in self.result.failed if r.exception and r.exception.get("traceback")]
         for r in with_traceback:  # a traceback once: here only where no view showed it
@@ -208,7 +198,7 @@ class DDPError(RuntimeError):
         if len(above) == 1:
             where = f"rank {above[0]}'s traceback is in its output above; "
         elif above:
-            where = f"ranks {ranges(above)}: tracebacks in their output above; "
+            where = f"{label(above)}: tracebacks in their output above; "
         else:
             where = ""
         lines.append(f"({where}full per-rank logs: {self.result.log_dir}; the result is in _ddp)")

@@ -3,9 +3,7 @@
 the transcript and the chips. Pure."""
 from __future__ import annotations
 
-from nbddp.core.result import FAILED, KILLED, OK, TIMED_OUT
-
-CAUSING = (FAILED, KILLED, TIMED_OUT)   # states that explain a failure: never folded together
+from nbddp.core.states import CAUSING, RankState  # CAUSING: never folded together
 
 
 def ranges(ranks) -> str:
@@ -22,6 +20,8 @@ def ranges(ranks) -> str:
 
 
 def label(ranks) -> str:
+    """The one way nbddp names a set of ranks: [3] → 'rank 3', [0, 1, 2, 3] → 'ranks 0–3'."""
+    ranks = list(ranks)
     return f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}"
 
 
@@ -39,7 +39,7 @@ def state_lines(rank_results, include_ok: bool = False) -> list[str]:
     """One line per group of ranks in the same state, the failed ones first."""
     lines = []
     for ranks, state, cause in sorted(groups(rank_results), key=lambda g: g[1] not in CAUSING):
-        if state == OK and not include_ok:
+        if state == RankState.OK and not include_ok:
             continue
         lines.append(f"{label(ranks)}: {state}" + (f" ({cause})" if cause else ""))
     return lines

@@ -3,8 +3,9 @@ one. A name a rank lacks, or a value it could not send back, raises PullError na
 ranks, and the notebook's value is left as it was (pure logic on the RunResult)."""
 from __future__ import annotations
 
-from nbddp.core.diagnosis import NOT_TARGETED, _plural
+from nbddp.core.diagnosis import NOT_TARGETED
 from nbddp.core.result import DDPError
+from nbddp.core.summary import label
 
 
 class PullError(DDPError):
@@ -35,7 +36,7 @@ def collect(items, result) -> dict:
         missing = [r.rank for r in asked if name not in r.pulled and name not in r.pull_errors]
         unsent = [r for r in asked if name in r.pull_errors]
         if missing:
-            problems.append(f"{_plural('rank', missing)} {'have' if len(missing) > 1 else 'has'} "
+            problems.append(f"{label(missing)} {'have' if len(missing) > 1 else 'has'} "
                             f"no name {name!r} after the cell")
         for r in unsent:
             problems.append(f"rank {r.rank} could not send {name!r} back: {r.pull_errors[name]}")

@@ -16,7 +16,8 @@ from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rankjobs import rank_jobs
 from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
-from nbddp.sources.supervisor import Source, settle
+from nbddp.core.exitstates import settle
+from nbddp.sources.supervisor import Source
 
 FAILFAST_DELAY_S = 0.25  # torchrun's agent notices a failed worker at its next check (0.1 s)
 

@@ -30,11 +30,14 @@ from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RankResult, RunResult
 from nbddp.core.spec import LaunchSpec, check_pool_spec, given_or_made
-from nbddp.sources.supervisor import Source, Supervisor, ended_by_nbddp, settle
+from nbddp.core.states import PoolState
+from nbddp.core.summary import label
+from nbddp.core.exitstates import ended_by_nbddp, settle
+from nbddp.sources.supervisor import Source, Supervisor
 
 FAILED_PEER_GRACE_S = 3.0  # a rank raised: how long the others may finish before being interrupted
 STOP_WAIT_S = 2.0          # a polite "stop" before signals
-IDLE, BUSY, BROKEN, STOPPED = "ready", "running a cell", "broken", "stopped"
+IDLE, BUSY, BROKEN, STOPPED = PoolState
 
 
 class PoolRanks(Source):
@@ -134,8 +137,8 @@ class PoolRanks(Source):
             return f"after rank {died.rank} ended"
         if self.peer_failed_at is not None and time.monotonic() - self.peer_failed_at > FAILED_PEER_GRACE_S:
             who = [r.rank for r in self.result.ranks if r.state == FAILED]
-            self.note(f"rank {who[0]} failed in this cell while ranks "
-                      f"{','.join(map(str, sorted(self.pending)))} were still running it; interrupting them")
+            self.note(f"rank {who[0]} failed in this cell while {label(self.pending)} "
+                      f"{'were' if len(self.pending) > 1 else 'was'} still running it; interrupting them")
             return f"after rank {who[0]} failed"
         return None
 
@@ -157,7 +160,7 @@ class PoolRanks(Source):
             return
         if self.pool.state != BROKEN:
             self.pool.state = BROKEN
-            self.pool.why_broken = (f"{diagnosis._plural('rank', sorted(r.result.rank for r in stuck))} "
+            self.pool.why_broken = (f"{label(r.result.rank for r in stuck)} "
                                     f"did not stop after SIGINT ({reason}), blocked in C code such as a collective")
         self.procs.signal(self.procs.ranks, sig, reason, "when the pool was ended")
 

@@ -27,9 +27,11 @@ import time
 from dataclasses import replace
 
 from nbddp.core.errors import DDPUsageError
+from nbddp.core import diagnosis
+from nbddp.core import torchrun_cli
 from nbddp.sources.torchrun import ElasticLaunch
 from nbddp.core.result import RunResult
-from nbddp.sources.slurm_script import agent_extras, wants_gpus
+from nbddp.sources.slurm_script import wants_gpus
 from nbddp.core.spec import LaunchSpec
 
 CANCEL_WAIT_S = 15.0
@@ -40,8 +42,7 @@ set -eu
 echo "$SLURM_JOB_ID $SLURM_STEP_ID" > {step_file}
 head_node=$(scontrol show hostnames "${{SLURM_STEP_NODELIST:-$SLURM_JOB_NODELIST}}" | head -n 1)
 rdzv_port=$((29500 + (SLURM_JOB_ID * 8 + SLURM_STEP_ID) % 10000))
-exec {python} -m torch.distributed.run --nnodes="$SLURM_STEP_NUM_NODES" {options} \\
-  --rdzv-backend=c10d --rdzv-endpoint="$head_node:$rdzv_port" --rdzv-id="$SLURM_JOB_ID.$SLURM_STEP_ID" \\
+exec {python} -m {module} {options} \\
   "$@"
 """
 
@@ -70,7 +71,9 @@ class SlurmLaunch(ElasticLaunch):
         self.cancelled = False
 
     def agent_options(self) -> list[str]:
-        return [f"--nproc-per-node={self.spec.nproc_per_node}"] + agent_extras(self.spec)
+        """torchrun's options in the node script (the step's node count and first node there)."""
+        return torchrun_cli.slurm_options(self.spec, '"$SLURM_STEP_NUM_NODES"', '"$head_node:$rdzv_port"',
+                                          '"$SLURM_JOB_ID.$SLURM_STEP_ID"', backend="c10d")
 
     def expected_ranks(self) -> list[tuple[int, int, int]]:
         k = self.spec.nproc_per_node
@@ -82,7 +85,7 @@ class SlurmLaunch(ElasticLaunch):
         node_script = os.path.join(log_dir, "slurm-node.sh")
         with open(node_script, "w") as f:
             f.write(NODE_SCRIPT.format(step_file=shlex.quote(self.step_file),
-                                       python=shlex.quote(sys.executable),
+                                       python=shlex.quote(sys.executable), module=torchrun_cli.RUN_MODULE,
                                        options=" ".join(self.options)))
         spec = self.spec
         srun = ["srun", f"--nodes={spec.nnodes}", f"--ntasks={spec.nnodes}", "--ntasks-per-node=1",
@@ -93,8 +96,7 @@ class SlurmLaunch(ElasticLaunch):
                             ("--time", spec.time_limit)):
             if value:
                 srun.append(f"{flag}={value}")
-        return (srun + ["bash", node_script, "--tee=3", f"--log-dir={os.path.join(log_dir, 'torchrun')}",
-                        "-m", "nbddp.rank.torchrun_rank", cell_path] + list(spec.script_args))
+        return srun + ["bash", node_script] + torchrun_cli.rank_entry(log_dir, cell_path, spec.script_args)
 
     def stop_agent(self, sig: int) -> None:
         """srun and Slurm stand between the kernel and the ranks. SIGINT goes to the step's
@@ -117,35 +119,28 @@ class SlurmLaunch(ElasticLaunch):
 
     # ------------------------------------------------- ranks on other nodes
     def _here(self, status: dict) -> bool:
-        return status.get("host", socket.gethostname()) == socket.gethostname()
-
-    def _rank_pids(self) -> dict[int, int]:
         """Only this machine's ranks can be signalled (or asked for stacks) by pid; Slurm
         reaches the others."""
-        return {r: pid for r, pid in super()._rank_pids().items() if self._here(self.seen[r])}
+        return status.get("host", socket.gethostname()) == socket.gethostname()
 
     # -------------------------------------------------------------- result
     def finish(self) -> None:
         super().finish()
-        if self._srun_errors():  # srun, not torchrun, is the agent the kernel watched
+        if diagnosis.srun_errors(self.agent_lines):  # srun, not torchrun, is the agent the kernel watched
             for res in self.result.ranks:
                 if res.cause.startswith("never started (torchrun ended"):
                     res.cause = "never started (srun ended before this rank ran)"
 
-    def _srun_errors(self) -> list[str]:
-        return [line.strip() for line in self.agent_lines if line.startswith("srun: error:")]
-
     def _agent_failure(self, text: str, rc: int) -> str:
-        errors = self._srun_errors()
+        errors = diagnosis.srun_errors(self.agent_lines)
         if not errors:
             return super()._agent_failure(text, rc)
-        log = os.path.join(self.result.log_dir, "agent.log")
-        return f"srun exited with code {rc}: {errors[0][len('srun: error: '):][:300]} (srun's log: {log})"
+        return diagnosis.srun_failure(errors, rc, self.agent.agent_log)
 
     # ------------------------------------------------------------ cancelling
     def cancel(self) -> None:
         """scancel this cell's step (inside an allocation) or job, once."""
-        if self.cancelled or self.proc is None:
+        if self.cancelled or self.agent is None or self.agent.proc is None:
             return
         self.cancelled = True
         job, step = self._step()

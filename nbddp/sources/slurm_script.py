@@ -10,12 +10,12 @@ train.sbatch`` overrides both (sbatch passes the submitter's environment on).
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 import shlex
 import sys
 
+from nbddp.core import torchrun_cli
 from nbddp.core.spec import LaunchSpec
 
 # Our #SBATCH lines and the spellings of the same option, so a raw --sbatch line replaces ours.
@@ -54,23 +54,6 @@ def _option_name(line: str) -> str:
     return word
 
 
-def agent_extras(spec: LaunchSpec) -> list[str]:
-    """torchrun's options that do not depend on where the job runs."""
-    words = []
-    if spec.rdzv_timeout:
-        words.append(f"--rdzv-conf=join_timeout={math.ceil(spec.rdzv_timeout)}")
-    if spec.max_restarts:
-        words.append(f"--max-restarts={spec.max_restarts}")
-    return words
-
-
-def torchrun_words(spec: LaunchSpec) -> list[str]:
-    """torchrun's options in the job, as shell words (``$SLURM_*`` expanded by the job's shell)."""
-    return ['--nnodes="$SLURM_NNODES"', f"--nproc-per-node={spec.nproc_per_node}",
-            f"--rdzv-backend={spec.rdzv_backend}", '--rdzv-endpoint="$head_node:$rdzv_port"',
-            '--rdzv-id="$SLURM_JOB_ID"'] + agent_extras(spec)
-
-
 def interpreter_lines(python: str) -> list[str]:
     """Shell lines that set ``PYTHON``: a given one wins, then ``python`` (the exporting kernel's
     interpreter) where it exists on the node, then ``python`` from the node's PATH."""
@@ -87,7 +70,6 @@ def sbatch_text(spec: LaunchSpec, script: str, line: str = "", python: str | Non
     """The whole ``.sbatch`` file for ``script`` (its path relative to where the job is submitted);
     ``python``: the interpreter the job prefers (default: this process's, the exporting kernel's)."""
     name = os.path.splitext(os.path.basename(script))[0] or "nbddp"
-    module = "torch.distributed.launch" if spec.legacy_launch is not None else "torch.distributed.run"
     port = spec.master_port
     out = ["#!/bin/bash",
            f"# Exported by nbddp from the cell `%%ddp {line.strip()}`." if line.strip() else
@@ -106,7 +88,8 @@ def sbatch_text(spec: LaunchSpec, script: str, line: str = "", python: str | Non
     tail = [shlex.quote(os.path.basename(script))] + [shlex.quote(arg) for arg in spec.script_args]
     out += ["", "# one torchrun per node; it starts the node's ranks with torchrun's environment",
             'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
-            f'  "$PYTHON" -m {module} \\',
-            "  " + " ".join(torchrun_words(spec)) + " \\",
+            f'  "$PYTHON" -m {torchrun_cli.module(spec)} \\',
+            "  " + " ".join(torchrun_cli.slurm_options(spec, '"$SLURM_NNODES"', '"$head_node:$rdzv_port"',
+                                                       '"$SLURM_JOB_ID"')) + " \\",
             "  " + " ".join(tail), ""]
     return "\n".join(out)

@@ -25,10 +25,10 @@ from nbddp.core import diagnosis
 from nbddp.forkserver import privnet
 from nbddp.sources import stacks
 from nbddp.core.cellnames import name_cell
-from nbddp.core.result import FAILED, INTERRUPTED, KILLED, OK, TERMINATED, TIMED_OUT
+from nbddp.core.states import LaunchState
+from nbddp.core.summary import label
 
-NEW, STARTING, RUNNING, STOPPING, CLOSING, DONE = (
-    "new", "starting", "running", "stopping", "closing", "done")
+NEW, STARTING, RUNNING, STOPPING, CLOSING, DONE = LaunchState
 
 TERM_GRACE_S = 2.0       # fail-fast and timeout: SIGTERM, then SIGKILL after this (as torchrun)
 INTERRUPT_GRACE_S = 1.0  # interrupt: SIGINT, then SIGTERM after this for ranks not in a handler,
@@ -233,7 +233,7 @@ class Supervisor:
             busy = self.source.handling()
             if busy:
                 self.handler_noted = True
-                self.source.note(f"{diagnosis._plural('rank', busy)} still running the cell's "
+                self.source.note(f"{label(busy)} still running the cell's "
                                  f"interrupt handler (except KeyboardInterrupt / finally); "
                                  f"interrupt again to kill now")
         if self.stopping is not None:
@@ -358,40 +358,3 @@ def sigint_deferred(on_sigint):
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-
-
-# ------------------------------------------------------------------ exit states
-def ended_by_nbddp(code: int | None, exception: dict | None, sent) -> bool:
-    """Did one of the signals nbddp ``sent`` end the rank (not its own exit or crash)? With no
-    code (its forkserver ended, and it was ended before it could report one): if nbddp sent any."""
-    if code is None:
-        return bool(sent)
-    if code < 0:
-        return -code in sent
-    return signal.SIGINT in sent and (code == 130 or (exception or {}).get("type") == "KeyboardInterrupt")
-
-
-def settle(res, stop, sent) -> None:
-    """``res.state`` and ``res.cause`` from its exit code and exception, as torchrun reports
-    them: a rank that exited by itself keeps its own code and message; "stopped by nbddp" is
-    only for ranks a signal from nbddp ended (``stop`` = (reason, why) once it was signalled)."""
-    code = res.exitcode
-    if stop is not None and ended_by_nbddp(code, res.exception, sent):
-        stopped_state(res, stop)
-    elif code == 0:
-        res.state, res.cause = OK, ""
-    elif code is not None and code < 0:
-        res.state, res.cause = KILLED, diagnosis.describe_signal(-code)
-    else:
-        res.state, res.cause = FAILED, diagnosis.describe_failure(res.exception, code)
-
-
-def stopped_state(res, stop) -> None:
-    """The state of a rank that nbddp's signal ended, by why it was stopped."""
-    reason, why = stop
-    if reason == "timeout":
-        res.state, res.cause = TIMED_OUT, ""
-    elif reason == "interrupt":
-        res.state, res.cause = INTERRUPTED, "stopped by the interrupt"
-    else:
-        res.state, res.cause = TERMINATED, f"stopped by nbddp {why}"

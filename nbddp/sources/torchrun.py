@@ -10,72 +10,33 @@ reads it back per rank and sends the same events as the local launcher (``launch
 ``rank_started``, ``output``, ``note``, ``tick``, ``rank_exited``, ``launch_finished``), so the
 display, ``_ddp`` and the errors are the same. Each rank runs through ``nbddp.rank.torchrun_rank``,
 which leaves its pid, exception and exit code in a status file.
+
+This module is the source the supervisor drives; the rest is split as for nbddp's own ranks:
+the command line is nbddp/core/torchrun_cli.py's, the agent process and its output
+nbddp/sources/torchrun_agent.py's, the ranks' status files and final states
+nbddp/sources/torchrun_ranks.py's, and what torchrun's log means nbddp/core/diagnosis.py's.
 """
 from __future__ import annotations
 
-import glob
-import json
-import math
 import os
-import re
-import selectors
 import shlex
 import signal
-import subprocess
 import sys
 import time
 
 from nbddp.kernel import cellscript
 from nbddp.core import diagnosis
 from nbddp.core import placement
+from nbddp.core import torchrun_cli
 from nbddp.core.cellnames import log_label
 from nbddp.rank.torchrun_rank import LABEL_VAR, LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from nbddp.core.envvars import legacy_flag
 from nbddp.kernel.logdirs import new_log_dir, private
-from nbddp.core.result import FAILED, KILLED, RUNNING, TERMINATED, RankResult, RunResult
+from nbddp.core.result import FAILED, RankResult, RunResult
 from nbddp.core.spec import LaunchSpec
-from nbddp.sources.supervisor import Source, Supervisor, ended_by_nbddp, settle, stopped_state
-
-DRAIN_LIMIT_S = 3.0
-_PREFIX = re.compile(rb"^\[rank(\d+)\]:")
-_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
-
-
-def torchrun_options(spec: LaunchSpec, node_rank: int | None = None) -> list[str]:
-    """torchrun's options for ``spec`` (one node's view: ``node_rank`` where it matters)."""
-    opts = [f"--nnodes={spec.nnodes}", f"--nproc-per-node={spec.nproc_per_node}"]
-    if node_rank is None:
-        node_rank = spec.node_rank
-    if spec.rdzv_endpoint:
-        opts += [f"--rdzv-backend={spec.rdzv_backend}", f"--rdzv-endpoint={spec.rdzv_endpoint}"]
-        if spec.rdzv_id:
-            opts.append(f"--rdzv-id={spec.rdzv_id}")
-        if node_rank is not None:
-            opts.append(f"--node-rank={node_rank}")
-        if spec.rdzv_timeout:
-            opts.append(f"--rdzv-conf=join_timeout={math.ceil(spec.rdzv_timeout)}")
-    elif spec.nnodes == 1 and spec.master_port is None:
-        opts.append("--standalone")
-        if spec.rdzv_timeout:
-            opts.append(f"--rdzv-conf=join_timeout={math.ceil(spec.rdzv_timeout)}")
-    else:  # static: nbddp/core/spec.py checked the port and the node rank are given
-        opts += [f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
-                 f"--node-rank={node_rank or 0}"]
-        if spec.rdzv_timeout:
-            opts.append(f"--rdzv-conf=timeout={math.ceil(spec.rdzv_timeout)}")
-    if spec.max_restarts:
-        opts.append(f"--max-restarts={spec.max_restarts}")
-    return opts
-
-
-def _agent_preexec() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # the kernel dies → torchrun is told
-    except Exception:
-        pass
+from nbddp.sources.supervisor import Source, Supervisor
+from nbddp.sources.torchrun_agent import PREFIX_TEMPLATE, AgentProcess, killpg
+from nbddp.sources.torchrun_ranks import TorchrunRanks
 
 
 class ElasticLaunch(Source):
@@ -103,21 +64,17 @@ class ElasticLaunch(Source):
         self.device_count = placement.cuda_device_count() if device_count is None else device_count
         self.placement = placement.plan(spec, self.device_count, self.base_env)
         self.options = self.agent_options()
-        self.proc: subprocess.Popen | None = None
-        self.ranks: dict[int, RankResult] = {}
-        self.confirmed: set[int] = set()
-        self.seen: dict[int, dict] = {}       # rank → its last status file
-        self.logs: dict[tuple[int, str], object] = {}
-        self.buffers = {"stdout": b"", "stderr": b""}
-        self.agent_lines: list[str] = []
+        self.agent: AgentProcess | None = None
+        self.ranks: TorchrunRanks | None = None
         self.stop: tuple[str, str] | None = None  # (reason, why) once nbddp signalled the launch
         self.sent: set[int] = set()
-        self._selector = None
-        self._streams: dict[int, str] = {}
+
+    def _emit(self, *args) -> None:  # self.emit is the one the supervisor passed to start(emit)
+        self.emit(*args)
 
     # ----------------------------------------------------------------- public
     def agent_options(self) -> list[str]:
-        return torchrun_options(self.spec)
+        return torchrun_cli.options(self.spec)
 
     def expected_ranks(self) -> list[tuple[int, int, int]]:
         """(rank, local rank, node rank) of the ranks this launch shows before they start:
@@ -127,14 +84,12 @@ class ElasticLaunch(Source):
 
     def command(self, cell_path: str) -> list[str]:
         """The agent's command line (overridable: e.g. ``srun`` in front of it)."""
-        return ([sys.executable, "-m", "torch.distributed.run"] + self.options +
-                ["--tee=3", f"--log-dir={os.path.join(self.result.log_dir, 'torchrun')}",
-                 "-m", "nbddp.rank.torchrun_rank", cell_path] + list(self.spec.script_args))
+        return torchrun_cli.agent_command(sys.executable, self.spec, self.result.log_dir, cell_path)
 
     def stop_agent(self, sig: int) -> None:
         """Signal the agent's session (overridable: e.g. ``scancel`` the job as well)."""
-        if self.proc is not None and self.proc.poll() is None:
-            _killpg(self.proc.pid, sig)
+        if self.agent is not None and self.agent.running():
+            self.agent.signal_group(sig)
 
     def run(self) -> RunResult:
         return Supervisor(self, self.spec, self.sinks).run()
@@ -152,19 +107,16 @@ class ElasticLaunch(Source):
             self.script = cellscript.create(self.cwd, self.source_text)
         self.cell_path = cell_path = self.script or log_copy
         self.cell_label = self.label or log_label(log_copy)
-        port = None
-        if spec.rdzv_endpoint and ":" in spec.rdzv_endpoint:
-            port = int(spec.rdzv_endpoint.rsplit(":", 1)[1])
-        elif spec.master_port:
-            port = spec.master_port
         self.result = RunResult(ranks=[], world_size=spec.world_size, log_dir=log_dir,
-                                master_port=port, started_at=time.time(), script=cell_path)
+                                master_port=torchrun_cli.meeting_port(spec), started_at=time.time(),
+                                script=cell_path)
+        self.ranks = TorchrunRanks(self.result, self.status_dir, spec.nproc_per_node, self._emit, self.note)
         for rank, local, node in self.expected_ranks():
-            self._rank(rank, local, node)
+            self.ranks.get(rank, local, node)
         env = dict(self.base_env)
         env.update(dict(self.placement.env))
         env.update(dict(spec.env))
-        env[PREFIX_VAR] = "[rank${rank}]:"
+        env[PREFIX_VAR] = PREFIX_TEMPLATE
         env[STATUS_DIR_VAR] = self.status_dir
         env[LABEL_VAR] = self.cell_label
         flag = legacy_flag(spec)
@@ -176,21 +128,19 @@ class ElasticLaunch(Source):
         self.emit("launch_started", self.result, spec, self.placement.backend)
         if self.placement.note:
             self.note(self.placement.note)
-        self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     preexec_fn=_agent_preexec)
-        self._selector = selectors.DefaultSelector()
-        self._streams = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
-        for fd, stream in self._streams.items():
-            os.set_blocking(fd, False)
-            self._selector.register(fd, selectors.EVENT_READ, stream)
+        self.agent = AgentProcess(log_dir, self._on_output)
+        self.agent.start(cmd, self.cwd, env)
 
     def busy(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.agent is not None and self.agent.running()
 
     def poll(self, timeout: float) -> None:
-        self._read_some(timeout)
-        self._scan_status()
+        self.agent.read(timeout)
+        self.ranks.scan(self.stop, self.sent)
+
+    def _on_output(self, rank: int, stream: str, payload: bytes) -> None:
+        self.ranks.wrote(rank, self.stop, self.sent)
+        self.emit("output", rank, stream, payload)
 
     def signal(self, sig: int, reason: str, why: str, spare_handlers: bool = False) -> None:
         """The agent forwards SIGINT to its ranks (torchrun's own shutdown); anything harder
@@ -206,198 +156,59 @@ class ElasticLaunch(Source):
             self.stop_agent(sig)
         for r, pid in self._rank_pids().items():
             if r not in handling:
-                _killpg(pid, sig)
+                killpg(pid, sig)
 
     def handling(self) -> list[int]:
-        return [r for r in self._rank_pids()
-                if os.path.exists(os.path.join(self.status_dir, f"rank{r}.sigint"))]
+        return [r for r in self._rank_pids() if os.path.exists(self.ranks.sigint_path(r))]
 
     def kill_now(self) -> None:
         """SIGKILL torchrun and every rank it started (each rank has its own session)."""
         self.sent.add(signal.SIGKILL)
         for pid in self._rank_pids().values():
-            _killpg(pid, signal.SIGKILL)
+            killpg(pid, signal.SIGKILL)
         self.stop_agent(signal.SIGKILL)
 
     def stack_targets(self) -> list:
-        return [(self.ranks[r], pid, os.path.join(self.status_dir, f"rank{r}.stacks"))
-                for r, pid in self._rank_pids().items()]
+        return [(self.ranks.by_rank[r], pid, self.ranks.stacks_path(r)) for r, pid in self._rank_pids().items()]
 
-    # ----------------------------------------------------------------- ranks
-    def _rank(self, rank: int, local_rank: int, node_rank: int, confirmed: bool = False) -> RankResult:
-        """The RankResult for ``rank``. Before the rendezvous the global ranks of this node are
-        guesses (c10d assigns them); a rank's status file confirms and, if need be, renumbers."""
-        res = self.ranks.get(rank)
-        if res is None and confirmed:
-            guess = next((r for r in self.ranks.values()
-                          if r.local_rank == local_rank and r.rank not in self.confirmed), None)
-            if guess is not None:
-                del self.ranks[guess.rank]
-                guess.rank, guess.node_rank = rank, node_rank
-                res = self.ranks[rank] = guess
-        if res is None:
-            res = RankResult(rank=rank, local_rank=local_rank, node_rank=node_rank)
-            self.ranks[rank] = res
-        if confirmed:
-            self.confirmed.add(rank)
-        log_dir = self.result.log_dir
-        res.stdout_path = os.path.join(log_dir, f"rank{rank}.stdout")
-        res.stderr_path = os.path.join(log_dir, f"rank{rank}.stderr")
-        self.result.ranks = [self.ranks[r] for r in sorted(self.ranks)]
-        return res
-
-    def _log(self, rank: int, stream: str):
-        log = self.logs.get((rank, stream))
-        if log is None:
-            log = self.logs[(rank, stream)] = open(os.path.join(self.result.log_dir, f"rank{rank}.{stream}"), "ab",
-                                                     opener=private)
-        return log
+    def _here(self, status: dict) -> bool:
+        """Can this rank be signalled by pid from here (overridable: Slurm's other nodes not)?"""
+        return True
 
     def _rank_pids(self) -> dict[int, int]:
-        """Live ranks (by their status files): rank → pid."""
-        return {r: s["pid"] for r, s in self.seen.items() if "exitcode" not in s and s.get("pid")}
-
-    def _scan_status(self) -> None:
-        for path in glob.glob(os.path.join(self.status_dir, "rank*.json")):
-            try:
-                with open(path) as f:
-                    status = json.load(f)
-            except (OSError, ValueError):
-                continue
-            r = status["rank"]
-            old = self.seen.get(r)
-            if old == status:
-                continue
-            self.seen[r] = status
-            res = self._rank(r, status["local_rank"], status["node_rank"], confirmed=True)
-            res.local_rank, res.node_rank = status["local_rank"], status["node_rank"]
-            if old is None or old.get("restart") != status.get("restart") or old.get("pid") != status["pid"]:
-                if old is not None:
-                    self.note(f"rank {r} restarted by torchrun (restart {status.get('restart')})")
-                res.pid, res.state, res.started_at = status["pid"], RUNNING, status["started_at"]
-                res.exitcode = res.ended_at = None
-                res.exception, res.cause = None, ""
-                self.emit("rank_started", res)
-            if "exitcode" in status and (old is None or "exitcode" not in old):
-                res.exception = status.get("exception")
-                self._end_rank(res, status["exitcode"], status.get("ended_at"))
-
-    def _end_rank(self, res: RankResult, code: int | None, ended_at: float | None = None) -> None:
-        res.exitcode, res.ended_at = code, ended_at or time.time()
-        others_failed = any(r.state == FAILED for r in self.ranks.values() if r is not res)
-        if (self.stop is None or not ended_by_nbddp(code, res.exception, self.sent)) and others_failed \
-                and code in (-signal.SIGTERM, -signal.SIGKILL):
-            res.state, res.cause = TERMINATED, "stopped by torchrun after another rank failed"
-        else:
-            settle(res, self.stop, self.sent)
-        self.emit("rank_exited", res)
-
-    # ------------------------------------------------------------------ loop
-    def _read_some(self, timeout: float) -> None:
-        for key, _ in self._selector.select(timeout=timeout):
-            try:
-                data = os.read(key.fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                self._selector.unregister(key.fd)
-                del self._streams[key.fd]
-                continue
-            self._feed(key.data, data)
-
-    def _drain(self) -> None:
-        deadline = time.monotonic() + DRAIN_LIMIT_S
-        while self._streams and time.monotonic() < deadline:
-            self._read_some(0.05)
-        for stream, rest in self.buffers.items():
-            if rest:
-                self._line(stream, rest + b"\n")
-            self.buffers[stream] = b""
-        self._selector.close()
-        self._scan_status()
-
-    def _feed(self, stream: str, data: bytes) -> None:
-        data = self.buffers[stream] + data
-        *lines, self.buffers[stream] = data.split(b"\n")
-        for line in lines:
-            self._line(stream, line + b"\n")
-
-    def _line(self, stream: str, line: bytes) -> None:
-        match = _PREFIX.match(line)
-        if match is None:  # torchrun's own words: kept in agent.log, summarised at the end
-            text = line.decode("utf-8", errors="replace")
-            self.agent_lines.append(text)
-            with open(os.path.join(self.result.log_dir, "agent.log"), "a", opener=private) as f:
-                f.write(text)
-            return
-        rank = int(match.group(1))
-        payload = line[match.end():]
-        if rank not in self.confirmed:
-            self._scan_status()  # its status file names its local rank (written before any output)
-        if rank not in self.ranks:
-            self._rank(rank, rank % self.spec.nproc_per_node, rank // self.spec.nproc_per_node)
-        log = self._log(rank, stream)
-        log.write(payload)
-        log.flush()
-        self.last_output = time.monotonic()
-        self.idle_warned = False
-        self.emit("output", rank, stream, payload)
+        """Live ranks that can be reached from here: rank → pid."""
+        if self.ranks is None:
+            return {}
+        return {r: s["pid"] for r, s in self.ranks.live().items() if self._here(s)}
 
     # --------------------------------------------------------------- closing
     def close(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
+        agent = self.agent
+        if agent is not None:
+            if agent.running():
                 self.kill_now()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-            self._drain()
-            for pipe in (self.proc.stdout, self.proc.stderr):
-                pipe.close()
-        self._scan_status()
+            agent.finish_reading()
+        if self.ranks is not None:
+            self.ranks.scan(self.stop, self.sent)
         for pid in self._rank_pids().values():  # a rank torchrun could not stop (it ignored SIGTERM)
-            _killpg(pid, signal.SIGKILL)
-        if _pg_alive(self.proc.pid if self.proc is not None else None):
+            killpg(pid, signal.SIGKILL)
+        if agent is not None and agent.group_alive():
             self.stop_agent(signal.SIGKILL)
-            _killpg(self.proc.pid, signal.SIGKILL)  # anything torchrun's session left behind
-        for log in self.logs.values():
-            log.close()
+            agent.signal_group(signal.SIGKILL)  # anything torchrun's session left behind
+        if agent is not None:
+            agent.close_logs()
         cellscript.remove(self.script)  # every rank has ended
+
+    @property
+    def agent_lines(self) -> list[str]:
+        """What torchrun (or srun) said, not prefixed by a rank."""
+        return self.agent.lines if self.agent is not None else []
 
     # ---------------------------------------------------------------- result
     def finish(self) -> None:
         agent_text = "".join(self.agent_lines)
-        rc = self.proc.returncode if self.proc is not None else None
-        for r, local, code in ((int(a), int(b), int(c)) for a, b, c in _FAILURE.findall(agent_text)):
-            res = self.ranks.get(r)
-            if res is not None and res.ended_at is None:
-                res.local_rank = local
-                self._end_rank(res, code)
-        first_failed = next((r for r in self.result.ranks if r.state in (FAILED, KILLED)), None)
-        for res in self.result.ranks:
-            if res.ended_at is not None and res.state != RUNNING:
-                continue
-            if self.stop is not None:  # ended by nbddp's signals, its status never written
-                res.exitcode, res.ended_at = None, time.time()
-                stopped_state(res, self.stop)
-                self.emit("rank_exited", res)
-            elif res.pid is None:
-                res.state, res.cause = FAILED, "never started (torchrun ended before this rank ran)"
-                res.ended_at = time.time()
-                self.emit("rank_exited", res)
-            elif first_failed is not None:
-                res.state, res.cause = TERMINATED, f"stopped by torchrun after rank {first_failed.rank} failed"
-                res.ended_at = time.time()
-                self.emit("rank_exited", res)
-            elif rc == 0:
-                self._end_rank(res, 0)
-            else:
-                res.state, res.cause = FAILED, f"ended without an exit status (torchrun exited with {rc})"
-                res.ended_at = time.time()
-                self.emit("rank_exited", res)
+        rc = self.agent.returncode if self.agent is not None else None
+        self.ranks.settle_all(self.stop, self.sent, rc, diagnosis.agent_failures(agent_text))
         if self.stop is None and rc not in (0, None) and (
                 not self.result.ranks or not any(r.state == FAILED and r.exception for r in self.result.ranks)):
             self.note(self._agent_failure(agent_text, rc))
@@ -408,38 +219,7 @@ class ElasticLaunch(Source):
                                                 state=FAILED, cause=f"torchrun on this node exited with code {rc}"))
 
     def _agent_failure(self, text: str, rc: int) -> str:
-        log = os.path.join(self.result.log_dir, "agent.log")
-        if "RendezvousTimeoutError" in text or "RendezvousClosedError" in text:
-            waited = f" within {self.spec.rdzv_timeout:g} s" if self.spec.rdzv_timeout else ""
-            where = self.spec.rdzv_endpoint or f"{self.spec.master_addr}:{self.spec.master_port}"
-            return (f"rendezvous timed out: not all {self.spec.nnodes} nodes joined at {where}{waited} "
-                    f"(no rank starts until all have). Start torchrun (or %%ddp --launcher torchrun) on "
-                    f"the other node{'s' if self.spec.nnodes > 2 else ''} with the same --nnodes, "
-                    f"--rdzv-endpoint and --rdzv-id; torchrun's log: {log}")
-        errors = [line.strip() for line in text.splitlines()
-                  if re.match(r"^[\w.]*(Error|Exception)\b|^torch\.distributed\.\S+(Error|Exception)", line.strip())
-                  or line.startswith(("usage:", "torchrun: error", "run.py: error"))]
-        last = errors[-1] if errors else (text.strip().splitlines() or [""])[-1]
-        return f"torchrun exited with code {rc}: {last[:300]} (torchrun's log: {log})"
-
-def _killpg(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _pg_alive(pgid: int | None) -> bool:
-    if pgid is None:
-        return False
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+        return diagnosis.agent_failure(text, rc, self.spec, self.agent.agent_log)
 
 
 def run_cell(source: str, spec: LaunchSpec, sinks=(), cwd: str | None = None,

@@ -15,6 +15,7 @@ from collections import deque
 from nbddp.core import summary
 from nbddp.views import terminal
 from nbddp.core.result import FINAL_STATES, KILLED, OK, RUNNING, STARTING, signal_name
+from nbddp.core.states import RankState
 from nbddp.views.terminal import Terminal
 
 MAX_LINE = terminal.MAX_LINE  # characters kept of one line (the rest is counted, not kept)
@@ -28,10 +29,11 @@ _CHIP_STYLE = "display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-ra
 
 # chip colours per state: (foreground, background)
 STATE_COLORS = {
-    "starting": ("#555", "#eee"), "running": ("#0b5394", "#e3f0fc"), "ok": ("#1e6b2e", "#e2f5e6"),
-    "failed": ("#a31515", "#fde7e7"), "timed out": ("#8a4b00", "#fff1dc"),
-    "killed": ("#a31515", "#fde7e7"), "terminated": ("#666", "#f0f0f0"),
-    "interrupted": ("#8a4b00", "#fff1dc"), "hung": ("#8a5a00", "#ffe8b0"),
+    RankState.STARTING: ("#555", "#eee"), RankState.RUNNING: ("#0b5394", "#e3f0fc"),
+    RankState.OK: ("#1e6b2e", "#e2f5e6"), RankState.FAILED: ("#a31515", "#fde7e7"),
+    RankState.TIMED_OUT: ("#8a4b00", "#fff1dc"), RankState.KILLED: ("#a31515", "#fde7e7"),
+    RankState.TERMINATED: ("#666", "#f0f0f0"), RankState.INTERRUPTED: ("#8a4b00", "#fff1dc"),
+    "hung": ("#8a5a00", "#ffe8b0"),  # not a state: a running rank the idle warning found waiting
 }
 STDERR_STYLE = "color:#a31515;background:#fff3f3"
 # a <pre> in nbconvert's HTML otherwise takes the page's proportional font
@@ -235,11 +237,6 @@ def _sections(collector: Collector):
     return [(rank, tail) for rank, tail in _local_tails(collector) if rank not in silent]
 
 
-def _span(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1 \
-        else ",".join(map(str, ranks))
-
-
 def _without_traceback(lines: list, rank_result) -> list:
     """A failed rank's lines with its traceback block said in one line: text mode streamed
     it above, and a saved notebook's text should carry each traceback once."""
@@ -271,7 +268,7 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
     for note in collector.notes:
         out.append(f"note: {note}")
     if result.remote:
-        out.append(f"  ranks {_span(result.remote)}: on other nodes (their output is shown there)")
+        out.append(f"  {summary.label(result.remote)}: on other nodes (their output is shown there)")
     out += _silent_lines(collector)
     for rank, tail in _sections(collector):
         lines = list(tail.lines)[-lines_per_rank:]
@@ -382,7 +379,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
     for note in collector.notes:
         out.append(f'<pre style="{PRE_STYLE};color:#8a4b00">{html.escape(note)}</pre>')
     if result.remote:
-        out.append(f'<div style="color:#666">ranks {_span(result.remote)}: on other nodes '
+        out.append(f'<div style="color:#666">{summary.label(result.remote)}: on other nodes '
                    f'(their output is shown there)</div>')
     failed = {r.rank for r in result.ranks if r.state in summary.CAUSING}
     for line in _silent_lines(collector):

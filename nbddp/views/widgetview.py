@@ -30,7 +30,7 @@ from nbddp.core.sink import Sink
 from nbddp.views import transcript
 from nbddp.core.diagnosis import IDLE_WARNING
 from nbddp.core.result import OK, RUNNING, STARTING
-from nbddp.core.summary import CAUSING
+from nbddp.core.summary import CAUSING, label
 from nbddp.views.transcript import Collector
 
 TAB_LIMIT = 8            # more shown ranks than this: a dropdown instead of a tab strip
@@ -162,7 +162,7 @@ class WidgetView(Sink):
         self.c.launch_started(result, spec, backend)
         self._build()
         hidden = "" if spec.ranks_shown is None else \
-            f", showing rank{'s' if len(spec.ranks_shown) > 1 else ''} {','.join(map(str, spec.ranks_shown))}"
+            f", showing {label(spec.ranks_shown)}"
         self.info.value = (f'<span style="color:#666;font-size:12px">'
                            f'{html.escape(transcript.launch_line(result, spec, backend, "×"))}{hidden}; '
                            f'full logs in <code>{html.escape(result.log_dir)}</code></span>')
@@ -220,7 +220,7 @@ class WidgetView(Sink):
     def tick(self):
         now = time.monotonic()
         if now - self._header_at >= HEADER_INTERVAL_S and (
-                self._header_dirty or any(r.state in ("starting", "running") for r in self.c.result.ranks)):
+                self._header_dirty or any(r.state in (STARTING, RUNNING) for r in self.c.result.ranks)):
             self._push_header()
         self._credit = min(BURST_CHARS, self._credit + (now - self._credit_at) * RATE_CHARS_PER_S)
         self._credit_at = now

@@ -1,0 +1,75 @@
+"""A rank's final state and cause from how it ended, as torchrun reports them: its own exit code
+and exception, unless a signal nbddp sent ended it (then why nbddp stopped the launch). Pure
+rules over a RankResult, shared by every source (forkserver ranks, a pool's, torchrun's)."""
+from __future__ import annotations
+
+import signal
+
+from nbddp.core import diagnosis
+from nbddp.core.states import RankState, StopReason
+
+
+def ended_by_nbddp(code: int | None, exception: dict | None, sent) -> bool:
+    """Did one of the signals nbddp ``sent`` end the rank (not its own exit or crash)? With no
+    code (its forkserver ended, and it was ended before it could report one): if nbddp sent any."""
+    if code is None:
+        return bool(sent)
+    if code < 0:
+        return -code in sent
+    return signal.SIGINT in sent and (code == 130 or (exception or {}).get("type") == "KeyboardInterrupt")
+
+
+def settle(res, stop, sent) -> None:
+    """``res.state`` and ``res.cause`` from its exit code and exception, as torchrun reports
+    them: a rank that exited by itself keeps its own code and message; "stopped by nbddp" is
+    only for ranks a signal from nbddp ended (``stop`` = (reason, why) once it was signalled)."""
+    code = res.exitcode
+    if stop is not None and ended_by_nbddp(code, res.exception, sent):
+        stopped_state(res, stop)
+    elif code == 0:
+        res.state, res.cause = RankState.OK, ""
+    elif code is not None and code < 0:
+        res.state, res.cause = RankState.KILLED, diagnosis.describe_signal(-code)
+    else:
+        res.state, res.cause = RankState.FAILED, diagnosis.describe_failure(res.exception, code)
+
+
+def stopped_state(res, stop) -> None:
+    """The state of a rank that nbddp's signal ended, by why it was stopped."""
+    reason, why = stop
+    if reason == StopReason.TIMEOUT:
+        res.state, res.cause = RankState.TIMED_OUT, ""
+    elif reason == StopReason.INTERRUPT:
+        res.state, res.cause = RankState.INTERRUPTED, "stopped by the interrupt"
+    else:
+        res.state, res.cause = RankState.TERMINATED, f"stopped by nbddp {why}"
+
+
+# --------------------------------------------------------- under torchrun's agent
+def settle_torchrun(res, stop, sent, others_failed: bool) -> None:
+    """As ``settle``, for a rank of torchrun's: a SIGTERM/SIGKILL that nbddp did not send, once
+    another rank failed, is torchrun's own fail-fast (the rank did not fail by itself)."""
+    if (stop is None or not ended_by_nbddp(res.exitcode, res.exception, sent)) and others_failed \
+            and res.exitcode in (-signal.SIGTERM, -signal.SIGKILL):
+        res.state, res.cause = RankState.TERMINATED, "stopped by torchrun after another rank failed"
+    else:
+        settle(res, stop, sent)
+
+
+def settle_unreported(res, stop, agent_code: int | None, first_failed: int | None) -> bool:
+    """The state of a torchrun rank whose status file never said how it ended, from what is
+    known of the launch: nbddp stopped it, it never started, torchrun stopped it after rank
+    ``first_failed`` failed, or torchrun failed. False where the agent's success (code 0) says
+    the rank ended well: the caller settles it as exit code 0."""
+    if stop is not None:  # ended by nbddp's signals, its status never written
+        res.exitcode = None
+        stopped_state(res, stop)
+    elif res.pid is None:
+        res.state, res.cause = RankState.FAILED, "never started (torchrun ended before this rank ran)"
+    elif first_failed is not None:
+        res.state, res.cause = RankState.TERMINATED, f"stopped by torchrun after rank {first_failed} failed"
+    elif agent_code == 0:
+        return False
+    else:
+        res.state, res.cause = RankState.FAILED, f"ended without an exit status (torchrun exited with {agent_code})"
+    return True

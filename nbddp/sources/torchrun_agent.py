@@ -1,0 +1,163 @@
+"""torchrun's agent process as the kernel holds it: started in a session of its own (the
+kernel's death reaches it by SIGTERM), its stdout and stderr read without blocking, each
+``[rankN]:`` line (torchrun's ``--tee 3`` prefix) appended to that rank's log and handed on,
+torchrun's own lines kept in ``agent.log`` for diagnosis.
+
+It decides nothing: what a rank's line means is the source's (``on_output``,
+nbddp/sources/torchrun.py), when to signal is the supervisor's (nbddp/sources/supervisor.py).
+"""
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import time
+
+from nbddp.kernel.logdirs import private
+
+DRAIN_LIMIT_S = 3.0
+EXIT_WAIT_S = 5.0
+PREFIX_TEMPLATE = "[rank${rank}]:"  # torchrun's line prefix (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)
+_PREFIX = re.compile(rb"^\[rank(\d+)\]:")  # ... as it reads back
+
+
+def _agent_preexec() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # the kernel dies → torchrun is told
+    except Exception:
+        pass
+
+
+class AgentProcess:
+    """One agent process and its output. ``on_output(rank, stream, payload)`` is called for each
+    line a rank wrote, after it was appended to ``rank{N}.{stream}`` in ``log_dir``."""
+
+    def __init__(self, log_dir: str, on_output):
+        self.log_dir = log_dir
+        self.on_output = on_output
+        self.proc: subprocess.Popen | None = None
+        self.lines: list[str] = []  # torchrun's own words (also in agent.log)
+        self.logs: dict[tuple[int, str], object] = {}
+        self.buffers = {"stdout": b"", "stderr": b""}
+        self._selector = None
+        self._streams: dict[int, str] = {}
+
+    @property
+    def agent_log(self) -> str:
+        return os.path.join(self.log_dir, "agent.log")
+
+    def start(self, cmd: list[str], cwd: str, env: dict) -> None:
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     preexec_fn=_agent_preexec)
+        self._selector = selectors.DefaultSelector()
+        self._streams = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr"}
+        for fd, stream in self._streams.items():
+            os.set_blocking(fd, False)
+            self._selector.register(fd, selectors.EVENT_READ, stream)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
+
+    def signal_group(self, sig: int) -> None:
+        """``sig`` to the agent's session (torchrun and whatever did not leave it)."""
+        if self.proc is not None:
+            killpg(self.proc.pid, sig)
+
+    def group_alive(self) -> bool:
+        return self.proc is not None and pg_alive(self.proc.pid)
+
+    # ---------------------------------------------------------------- reading
+    def read(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for output and hand on every complete line."""
+        for key, _ in self._selector.select(timeout=timeout):
+            try:
+                data = os.read(key.fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._selector.unregister(key.fd)
+                del self._streams[key.fd]
+                continue
+            self._feed(key.data, data)
+
+    def _feed(self, stream: str, data: bytes) -> None:
+        data = self.buffers[stream] + data
+        *lines, self.buffers[stream] = data.split(b"\n")
+        for line in lines:
+            self._line(stream, line + b"\n")
+
+    def _line(self, stream: str, line: bytes) -> None:
+        match = _PREFIX.match(line)
+        if match is None:  # torchrun's own words: kept in agent.log, summarised at the end
+            text = line.decode("utf-8", errors="replace")
+            self.lines.append(text)
+            with open(self.agent_log, "a", opener=private) as f:
+                f.write(text)
+            return
+        rank = int(match.group(1))
+        payload = line[match.end():]
+        log = self.logs.get((rank, stream))
+        if log is None:
+            log = self.logs[(rank, stream)] = open(os.path.join(self.log_dir, f"rank{rank}.{stream}"), "ab",
+                                                     opener=private)
+        log.write(payload)
+        log.flush()
+        self.on_output(rank, stream, payload)
+
+    # ---------------------------------------------------------------- closing
+    def finish_reading(self) -> None:
+        """Wait (bounded) for the agent to exit, read what is left in its pipes (bounded: a
+        process that escaped the session may hold them), and close them."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + DRAIN_LIMIT_S
+        while self._streams and time.monotonic() < deadline:
+            self.read(0.05)
+        for stream, rest in self.buffers.items():
+            if rest:
+                self._line(stream, rest + b"\n")
+            self.buffers[stream] = b""
+        self._selector.close()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            pipe.close()
+
+    def close_logs(self) -> None:
+        for log in self.logs.values():
+            log.close()
+
+
+def killpg(pid: int, sig: int) -> None:
+    """``sig`` to ``pid``'s process group, else to ``pid`` (gone already: nothing)."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def pg_alive(pgid: int | None) -> bool:
+    if pgid is None:
+        return False
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
