@@ -22,6 +22,7 @@ import types
 from nbddp.rank import nostdin
 from nbddp.rank import stackwatch
 from nbddp.core.cellnames import name_cell
+from nbddp.core.rankfiles import RankFiles
 from nbddp.rank.worker import cell_line
 
 STATUS_DIR_VAR = "NBDDP_ELASTIC_DIR"
@@ -101,11 +102,11 @@ def main() -> None:
               "host": socket.gethostname(),
               "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
               "started_at": time.time()}
-    status_path = os.path.join(status_dir, f"rank{rank}.json") if status_dir else ""
+    status_path = RankFiles(status_dir).status(rank) if status_dir else ""
     if status_path:
         _write(status_path, status)
-        stackwatch.serve(os.path.join(status_dir, f"rank{rank}.stacks"))
-        _acknowledge_sigint(os.path.join(status_dir, f"rank{rank}.sigint"))
+        stackwatch.serve(RankFiles(status_dir).stacks(rank))
+        _acknowledge_sigint(RankFiles(status_dir).sigint(rank))
     faulthandler.enable(file=sys.stderr, all_threads=True)
     nostdin.install()
     with open(cell_path, encoding="utf-8") as f:

@@ -29,6 +29,7 @@ from nbddp.core import diagnosis
 from nbddp.core import placement
 from nbddp.core import torchrun_cli
 from nbddp.core.cellnames import log_label
+from nbddp.core.rankfiles import RankFiles
 from nbddp.rank.torchrun_rank import LABEL_VAR, LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from nbddp.core.envvars import legacy_flag
 from nbddp.kernel.logdirs import new_log_dir, private
@@ -98,9 +99,9 @@ class ElasticLaunch(Source):
     def _start(self) -> None:
         spec = self.spec
         log_dir = new_log_dir(spec.log_dir)
-        self.status_dir = os.path.join(log_dir, "status")
+        self.status_dir = RankFiles(log_dir).status_dir
         os.makedirs(self.status_dir, mode=0o700, exist_ok=True)
-        log_copy = os.path.join(log_dir, "cell.py")
+        log_copy = RankFiles(log_dir).cell_copy
         with open(log_copy, "w", opener=private) as f:
             f.write(self.source_text)
         if self.script_beside_notebook:

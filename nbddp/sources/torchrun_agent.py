@@ -15,6 +15,7 @@ import signal
 import subprocess
 import time
 
+from nbddp.core.rankfiles import RankFiles
 from nbddp.kernel.logdirs import private
 
 DRAIN_LIMIT_S = 3.0
@@ -110,7 +111,7 @@ class AgentProcess:
         payload = line[match.end():]
         log = self.logs.get((rank, stream))
         if log is None:
-            log = self.logs[(rank, stream)] = open(os.path.join(self.log_dir, f"rank{rank}.{stream}"), "ab",
+            log = self.logs[(rank, stream)] = open(RankFiles(self.log_dir).log(rank, stream), "ab",
                                                      opener=private)
         log.write(payload)
         log.flush()

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import time
 
 from nbddp.core import exitstates
+from nbddp.core.rankfiles import RankFiles
 from nbddp.core.result import RankResult, RunResult
 from nbddp.core.states import RankState
 
@@ -50,8 +50,8 @@ class TorchrunRanks:
         if confirmed:
             self.confirmed.add(rank)
         log_dir = self.result.log_dir
-        res.stdout_path = os.path.join(log_dir, f"rank{rank}.stdout")
-        res.stderr_path = os.path.join(log_dir, f"rank{rank}.stderr")
+        res.stdout_path = RankFiles(log_dir).stdout(rank)
+        res.stderr_path = RankFiles(log_dir).stderr(rank)
         self.result.ranks = [self.by_rank[r] for r in sorted(self.by_rank)]
         return res
 
@@ -68,15 +68,15 @@ class TorchrunRanks:
         return {r: s for r, s in self.seen.items() if "exitcode" not in s and s.get("pid")}
 
     def sigint_path(self, rank: int) -> str:
-        return os.path.join(self.status_dir, f"rank{rank}.sigint")
+        return RankFiles(self.status_dir).sigint(rank)
 
     def stacks_path(self, rank: int) -> str:
-        return os.path.join(self.status_dir, f"rank{rank}.stacks")
+        return RankFiles(self.status_dir).stacks(rank)
 
     def scan(self, stop, sent) -> None:
         """Read the status files: a rank started (or restarted by torchrun), a rank ended.
         ``stop`` and ``sent``: what nbddp did to the launch (its exit state depends on them)."""
-        for path in glob.glob(os.path.join(self.status_dir, "rank*.json")):
+        for path in glob.glob(RankFiles(self.status_dir).status_glob):
             try:
                 with open(path) as f:
                     status = json.load(f)
