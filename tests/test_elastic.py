@@ -75,7 +75,7 @@ time.sleep(30)
 
 
 def test_timeout_stops_torchrun_and_shows_where(kernel):
-    reply = kernel.execute("%%ddp --launcher torchrun -n 2 --timeout 6\nimport time\nprint('in')\ntime.sleep(300)\n",
+    reply = kernel.execute("%%ddp --launcher torchrun -n 2 --timeout 15\nimport time\nprint('in')\ntime.sleep(300)\n",
                            timeout=180)
     assert reply.error and reply.error["ename"] == "DDPTimeout", reply.text
     assert "blocked at cell line 4: time.sleep(300)" in reply.stderr, reply.text
