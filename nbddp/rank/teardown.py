@@ -16,6 +16,17 @@ a 50 ms pause before ``destroy_process_group()``, 0 of 40 with this wrapper at 2
 tests/test_training_soak.py: 100 launches in a real kernel, which fail without it. So the rank's ``destroy_process_group``
 first releases the GIL for a moment (``PAUSE_S``), which lets a waiting worker thread finish;
 nothing else changes (same function, same arguments, same result).
+
+A second race of the same kind, at the other end: gloo's ``init_process_group`` returns on a
+rank as soon as *its* side of every connection is made, while a peer may still be completing
+its own handshake (``connectFullMesh``). A rank that then ends at once (``destroy_process_group()``
+right after init, or the cell simply returning, as lesson 01's first cell does) closes its
+sockets under that peer, which fails with "Gloo connectFullMesh failed ... Connection closed by
+peer" (measured: 14 of 100 four-rank launches of init + destroy with both cores busy; the same
+under torchrun, whose agent does nothing here). torch has the cure behind a switch
+(``TORCH_DIST_INIT_BARRIER=1``: a store-based barrier after init); setting it would change the
+ranks' environment, so the rank's ``init_process_group`` does that barrier itself for gloo's
+default group: every rank returns from init only once all have finished theirs.
 """
 from __future__ import annotations
 
@@ -28,7 +39,7 @@ _ORIGINAL = "__nbddp_original__"
 
 
 def install() -> bool:
-    """Wrap ``destroy_process_group`` where torch.distributed is already imported (always in a
+    """Wrap ``destroy_process_group`` and ``init_process_group`` where torch.distributed is already imported (always in a
     forkserver rank: it is preloaded). True when installed."""
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     dist = sys.modules.get("torch.distributed")
@@ -37,11 +48,51 @@ def install() -> bool:
     original = getattr(c10d, "destroy_process_group", None)
     if original is None or hasattr(original, _ORIGINAL):
         return original is not None
-    wrapped = _wrap(original)
-    c10d.destroy_process_group = wrapped
-    if getattr(dist, "destroy_process_group", None) is original:
-        dist.destroy_process_group = wrapped
+    _replace(c10d, dist, "destroy_process_group", _wrap(original))
+    init = getattr(c10d, "init_process_group", None)
+    if init is not None and not hasattr(init, _ORIGINAL):
+        _replace(c10d, dist, "init_process_group", _wrap_init(init, c10d))
     return True
+
+
+def _replace(c10d, dist, name: str, wrapped) -> None:
+    original = getattr(c10d, name)
+    setattr(c10d, name, wrapped)
+    if getattr(dist, name, None) is original:
+        setattr(dist, name, wrapped)
+
+
+def _wrap_init(original, c10d):
+    inits = [0]  # this process's inits so far: every rank makes the same calls, so a key per init
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        inits[0] += 1
+        try:
+            group = c10d._get_default_group()
+            world = group.size()
+            gloo = c10d.get_backend(group) == "gloo"
+            store = c10d._get_default_store() if gloo and world > 1 else None
+        except Exception:  # noqa: BLE001 - another torch's internals: no barrier, torch as it is
+            store = None
+        if store is not None:
+            _all_initialised(store, f"nbddp/init/{inits[0]}", world, kwargs.get("timeout"))
+        return result
+
+    setattr(init_process_group, _ORIGINAL, original)
+    return init_process_group
+
+
+def _all_initialised(store, key: str, world: int, timeout) -> None:
+    """A barrier on the group's store (as torch's ``_store_based_barrier``): count in, and the
+    last rank in says so; the others wait for that word, up to the init's own timeout."""
+    import datetime
+
+    if store.add(key, 1) == world:
+        store.set(key + "/all", b"1")
+        return
+    store.wait([key + "/all"], timeout or datetime.timedelta(minutes=30))
 
 
 def _wrap(original):
