@@ -115,7 +115,7 @@ RANK = """
 import json, os, sys, nbddp, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(1); dist.all_reduce(t)
-runner = sys._getframe().f_back.f_code.co_filename  # what ran this cell: nbddp's worker or elastic_rank
+runner = sys._getframe().f_back.f_code.co_filename  # what ran this cell: nbddp's worker or torchrun_rank
 print("WHERE " + json.dumps({"rank": dist.get_rank(), "sum": t.item(), "nbddp": nbddp.__file__,
                              "runner": runner, "path": sys.path, "cwd": os.getcwd()}))
 dist.destroy_process_group()
@@ -159,8 +159,8 @@ def test_installed_wheel_runs_ddp_cells_spares_and_torchrun(venv, tmp_path):
             for d in seen.values():
                 assert d["sum"] == 2.0 and d["cwd"] == str(work), (launch, d)
                 assert d["nbddp"] == os.path.join(site, "nbddp", "__init__.py"), (launch, d)
-                runner = "elastic_rank.py" if launch == "torchrun" else "worker.py"
-                assert d["runner"] == os.path.join(site, "nbddp", runner), (launch, d)
+                runner = "torchrun_rank.py" if launch == "torchrun" else "worker.py"
+                assert d["runner"] == os.path.join(site, "nbddp", "rank", runner), (launch, d)
                 assert not inside_checkout(d["path"], d["cwd"]), (launch, d["path"])
             pids = json.loads(k.ok("import json; print(json.dumps([r.pid for r in _ddp.ranks]))").stdout)
             if launch == "spares":
