@@ -5,7 +5,11 @@ so a leak of even one descriptor a cell, or a peak that grows, fails it."""
 import json
 import resource
 
+import pytest
+
 from kernel import Kernel
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 LIMIT = 256
 CELLS = 300

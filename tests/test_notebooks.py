@@ -63,6 +63,7 @@ def test_every_launch_in_a_lesson_has_a_timeout(name):
     assert not untimed, untimed
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("name", NOTEBOOK_FILES)
 def test_lesson_runs_clean_and_checks_pass(name, kernel_name, tmp_path):
     """Every notebook in notebooks/ (the quickstart, the built lessons, the pool one), with only what
@@ -216,6 +217,7 @@ def test_binder_gets_cpu_torch_of_the_pinned_version_and_two_rank_lessons():
         assert ranks == 2, (name, values)
 
 
+@pytest.mark.kernel
 def test_binder_postbuild_smoke_check_runs_here():
     """The check postBuild runs at the end of the image build passes on this machine."""
     text = open(os.path.join(ROOT, "binder", "postBuild")).read()

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from conftest import _loaded
 from kernel import Kernel
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 LAUNCHES = 100
 
@@ -68,7 +69,7 @@ main()
 
 @pytest.mark.parametrize("preload", ["1", "0"], ids=["preload", "NBDDP_PRELOAD=0"])
 def test_training_cell_never_hangs_in_100_fresh_launches(tmp_path, preload):
-    k = _loaded(Kernel(cwd=str(tmp_path), env={**os.environ, "NBDDP_PRELOAD": preload}))
+    k = Kernel(cwd=str(tmp_path), env={**os.environ, "NBDDP_PRELOAD": preload}).load_nbddp()
     try:
         hung, start = [], time.monotonic()
         for i in range(LAUNCHES):
