@@ -7,8 +7,7 @@ other.
 What the environment adds, and why (no command is changed, except ``--no-browser`` for the
 server): ``PIP_CONSTRAINT`` pins torch to the build this suite runs on, so ``pip install torch``
 can never fetch another (multi-GB) build; ``PIP_NO_COMPILE`` skips byte-compiling all of torch
-(a minute on 2 cores; what an import touches is compiled as it is imported, so a
-PYTHONDONTWRITEBYTECODE of the machine's is dropped, as in a user's shell); the Jupyter runtime
+(a minute on 2 cores; what an import touches is compiled as it is imported); the Jupyter runtime
 folder is the test's own.
 """
 from __future__ import annotations
@@ -112,11 +111,7 @@ def user_env(clone, tmp_path) -> dict:
 
     pins = tmp_path / "pins.txt"
     pins.write_text(f"torch=={torch.__version__}\n")
-    # PYTHONDONTWRITEBYTECODE (set on some CI machines, never by the README) would make every
-    # process compile what it imports again (torch, jupyter, pip itself): PIP_NO_COMPILE counts on
-    # the first import writing the bytecode, as it does in a user's shell
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHON", "PYTHONDONTWRITEBYTECODE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHON")}
     env.update(PATH=f"{clone}/.venv/bin:{env['PATH']}", VIRTUAL_ENV=str(clone / ".venv"),
                PIP_CONSTRAINT=str(pins), PIP_NO_COMPILE="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
                JUPYTER_RUNTIME_DIR=str(tmp_path / "jupyter-runtime"))
