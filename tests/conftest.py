@@ -41,11 +41,13 @@ def pytest_collection_modifyitems(items):
 # ----------------------------------------------------------- the fast layer starts no process
 # Every way this process can start another passes an audit event (sys.audit): subprocess
 # (which a kernel, torchrun, the browser and nbddp's forkserver use), os.fork, posix_spawn,
-# os.system, exec. nbddp's ranks and spares come from a forkserver that may already run (an
-# earlier test started it), so nbddp's start of a rank is refused as well. Only the test's own
-# thread and the ones it starts count: a background thread of an earlier test (nbddp refilling
-# its spares) is not this test's doing.
+# os.system, exec. nbddp's ranks come from a forkserver (or its spares) that may already run (an
+# earlier test in this process started it), so nbddp's launch of ranks is refused as well. Only
+# the test's own thread and the ones it starts count: a background thread of an earlier test
+# (nbddp refilling its spares) is not this test's doing.
 STARTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec"}
+RANK_STARTS = [("nbddp.sources.rankprocs", "RankProcs", "start"),  # fresh ranks and spares
+               ("nbddp.forkserver.starter", None, "start"), ("nbddp.forkserver.starter", None, "start_all")]
 _fast_test: list = []  # the nodeid of the unmarked test running now, if one runs
 _outside: set[int] = set()  # threads that were running before it began
 
@@ -64,20 +66,27 @@ def _audit(event: str, _args) -> None:
 sys.addaudithook(_audit)
 
 
-def _refusing_starter(original):
+def _refusing(original):
     def start(*args, **kwargs):
-        _refuse("an nbddp rank")
+        _refuse("nbddp ranks")
         return original(*args, **kwargs)
     return start
+
+
+def _rank_starters():
+    """(owner, name) of nbddp's rank starts already imported (one not imported yet cannot have
+    started a forkserver: its start will pass the audit hook)."""
+    for module, owner, name in RANK_STARTS:
+        if module in sys.modules:
+            yield (getattr(sys.modules[module], owner) if owner else sys.modules[module]), name
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item):
     fast = item.get_closest_marker("kernel") is None
-    starter = sys.modules.get("nbddp.forkserver.starter")
-    saved = {name: getattr(starter, name) for name in ("start", "start_all")} if starter and fast else {}
-    for name, original in saved.items():
-        setattr(starter, name, _refusing_starter(original))
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _rank_starters()] if fast else []
+    for owner, name, original in saved:
+        setattr(owner, name, _refusing(original))
     if fast:
         _outside.update(t.ident for t in threading.enumerate() if t is not threading.main_thread())
         _fast_test[:] = [item.nodeid]
@@ -86,5 +95,5 @@ def pytest_runtest_protocol(item):
     finally:
         _fast_test.clear()
         _outside.clear()
-        for name, original in saved.items():
-            setattr(starter, name, original)
+        for owner, name, original in saved:
+            setattr(owner, name, original)
