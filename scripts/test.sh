@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install everything the tests need, then run the whole suite (about 11 minutes on 2 cores).
+# Install everything the tests need, then run the whole suite (about 15 minutes on 2 cores;
+# `pytest -m "not kernel"` alone runs the pure tests in seconds).
 # What it changes on the machine: .venv (torch, nbddp, the test extras, JupyterLab, playwright);
 # as root, Debian's chromium without its recommended packages (scripts/setup-browser.sh) and
 # Debian's slurm-wlm + munge (scripts/setup-slurm.sh). The Slurm daemons it starts (on this

@@ -1,5 +1,11 @@
+"""Two layers: tests marked ``kernel`` start processes (a Jupyter kernel, ranks, torchrun, a
+browser, a Slurm job) and take minutes together; the rest are pure and take seconds
+(``pytest -m "not kernel"``). A test that is not marked but starts a process fails, saying so,
+so nothing slow slips into the fast layer. Tests that use the ``kernel``/``fresh_kernel``
+fixtures are marked by their use of it."""
 import os
 import sys
+import threading
 
 import pytest
 
@@ -7,20 +13,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from kernel import Kernel  # noqa: E402
 
-
-def _loaded(k: Kernel) -> Kernel:
-    """nbddp loaded, and its forkserver up: the first cell of a kernel waits for the forkserver
-    to import torch and nbddp/forkserver/preload.py's list (seconds), which is no test's subject, so tests
-    that bound a cell's time start after it."""
-    k.ok("%load_ext nbddp")
-    k.ok("%%ddp -n 1\npass", timeout=300)
-    return k
+KERNEL_FIXTURES = {"kernel", "fresh_kernel"}
 
 
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
     """One real kernel per test module, with nbddp loaded."""
-    k = _loaded(Kernel(cwd=str(tmp_path_factory.mktemp("nb"))))
+    k = Kernel(cwd=str(tmp_path_factory.mktemp("nb"))).load_nbddp()
     yield k
     k.shutdown()
 
@@ -28,6 +27,73 @@ def kernel(tmp_path_factory):
 @pytest.fixture
 def fresh_kernel(tmp_path):
     """A kernel of the test's own, for tests that interrupt or kill it."""
-    k = _loaded(Kernel(cwd=str(tmp_path)))
+    k = Kernel(cwd=str(tmp_path)).load_nbddp()
     yield k
     k.shutdown()
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if KERNEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.kernel)
+
+
+# ----------------------------------------------------------- the fast layer starts no process
+# Every way this process can start another passes an audit event (sys.audit): subprocess
+# (which a kernel, torchrun, the browser and nbddp's forkserver use), os.fork, posix_spawn,
+# os.system, exec. nbddp's ranks come from a forkserver (or its spares) that may already run (an
+# earlier test in this process started it), so nbddp's launch of ranks is refused as well. Only
+# the test's own thread and the ones it starts count: a background thread of an earlier test
+# (nbddp refilling its spares) is not this test's doing.
+STARTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec"}
+RANK_STARTS = [("nbddp.sources.rankprocs", "RankProcs", "start"),  # fresh ranks and spares
+               ("nbddp.forkserver.starter", None, "start"), ("nbddp.forkserver.starter", None, "start_all")]
+_fast_test: list = []  # the nodeid of the unmarked test running now, if one runs
+_outside: set[int] = set()  # threads that were running before it began
+
+
+def _refuse(what: str) -> None:
+    if _fast_test and threading.get_ident() not in _outside:
+        raise RuntimeError(f"{_fast_test[0]} starts a process ({what}) but is not marked `kernel`: "
+                           "add @pytest.mark.kernel (or pytestmark = pytest.mark.kernel in its file)")
+
+
+def _audit(event: str, _args) -> None:
+    if event in STARTS:
+        _refuse(event)
+
+
+sys.addaudithook(_audit)
+
+
+def _refusing(original):
+    def start(*args, **kwargs):
+        _refuse("nbddp ranks")
+        return original(*args, **kwargs)
+    return start
+
+
+def _rank_starters():
+    """(owner, name) of nbddp's rank starts already imported (one not imported yet cannot have
+    started a forkserver: its start will pass the audit hook)."""
+    for module, owner, name in RANK_STARTS:
+        if module in sys.modules:
+            yield (getattr(sys.modules[module], owner) if owner else sys.modules[module]), name
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    fast = item.get_closest_marker("kernel") is None
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _rank_starters()] if fast else []
+    for owner, name, original in saved:
+        setattr(owner, name, _refusing(original))
+    if fast:
+        _outside.update(t.ident for t in threading.enumerate() if t is not threading.main_thread())
+        _fast_test[:] = [item.nodeid]
+    try:
+        yield
+    finally:
+        _fast_test.clear()
+        _outside.clear()
+        for owner, name, original in saved:
+            setattr(owner, name, original)

@@ -4,13 +4,16 @@ show the expected text. Saves a screenshot to artifacts/."""
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+
+from helpers import free_port
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "artifacts")
@@ -61,12 +64,6 @@ time.sleep(30)
 """
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def lab(tmp_path):
     root = tmp_path / "root"
@@ -79,7 +76,7 @@ def lab(tmp_path):
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"))
     env.pop("NBDDP_OUTPUT", None)

@@ -5,10 +5,10 @@ code on this CPU build of torch. Real kernel, real ranks, real hydra."""
 import json
 import os
 import signal
-import time
 
 import pytest
 
+from helpers import wait_until
 from nbddp.core.cellnames import name_cell
 
 
@@ -61,15 +61,9 @@ print("FACTS", json.dumps({
 
 def test_script_goes_with_a_killed_kernel(fresh_kernel, tmp_path):
     fresh_kernel.kc.execute("%%ddp -n 1\nimport time\nprint('running', flush=True)\ntime.sleep(60)")
-    deadline = time.monotonic() + 30
-    while not left_behind(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert left_behind(tmp_path), "the launch wrote no script beside the notebook"
+    assert wait_until(lambda: left_behind(tmp_path), 30), "the launch wrote no script beside the notebook"
     os.kill(fresh_kernel.pid, signal.SIGKILL)  # no atexit, no finally: only the janitor is left
-    deadline = time.monotonic() + 10
-    while left_behind(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left_behind(tmp_path) == []
+    assert wait_until(lambda: left_behind(tmp_path) == [], 10), left_behind(tmp_path)
 
 
 def test_hydra_app_with_config_path_dot(kernel):

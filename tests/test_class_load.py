@@ -6,7 +6,11 @@ import importlib.util
 import os
 import time
 
+import pytest
+
 from nbddp.forkserver import privnet
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("class_load", os.path.join(ROOT, "benchmarks", "class_load.py"))

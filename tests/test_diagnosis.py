@@ -202,6 +202,7 @@ def _plain_python(code):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.kernel
 def test_real_env_without_launcher_and_no_process_group_get_hints():
     out = _plain_python("""
         import torch, torch.distributed as dist
@@ -222,6 +223,7 @@ def test_real_env_without_launcher_and_no_process_group_get_hints():
     assert "init_process_group" in diagnosis.hint_for(lines[2])
 
 
+@pytest.mark.kernel
 def test_real_mismatched_collectives_with_detail_get_the_hint():
     result = nbddp.run("""
 import torch, torch.distributed as dist
@@ -238,6 +240,7 @@ else:
     assert "different collectives" in failed[0].hint
 
 
+@pytest.mark.kernel
 def test_real_rank_that_exits_while_others_wait_gets_the_hint():
     result = nbddp.run("""
 import os, torch, torch.distributed as dist
@@ -267,6 +270,7 @@ wait_for_peer(threading.Event())
 '''
 
 
+@pytest.mark.kernel
 def test_stacks_from_a_real_process(tmp_path):
     script = tmp_path / "cell.py"
     script.write_text(SCRIPT)
@@ -314,6 +318,7 @@ def test_stack_complete_needs_a_header_and_a_final_newline():
     assert diagnosis.stack_complete('Thread 0x1 (most recent call first):\n  File "a", line 1 in f\n')
 
 
+@pytest.mark.kernel
 def test_crash_line_from_a_real_segfault(tmp_path):
     script = tmp_path / "cell.py"
     script.write_text("import ctypes, faulthandler\nfaulthandler.enable()\n"
@@ -368,6 +373,7 @@ def test_idle_report_carries_the_same_hint():
     assert text.endswith("(use --timeout SECONDS to stop such a cell automatically)")
 
 
+@pytest.mark.kernel
 def test_second_stack_collection_has_no_nul_hole():
     """The idle warning and then the timeout each ask for stacks; the launcher truncates the
     stack file in between, so the rank must append (a plain "w" offset left NUL bytes)."""

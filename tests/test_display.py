@@ -5,6 +5,10 @@ import json
 import queue
 import time
 
+import pytest
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
+
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 # what JupyterLab puts in every execute_request's metadata
 LAB_METADATA = {"deletedCells": [], "recordTiming": False, "cellId": "c1"}

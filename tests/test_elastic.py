@@ -2,12 +2,16 @@
 one node, and two nodes on 127.0.0.1 (two kernels, or a kernel and a plain torchrun)."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-from kernel import Kernel, alive, wait_gone
+import pytest
+
+from helpers import alive, free_port, wait_gone, wait_until
+from kernel import Kernel
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 ALL_REDUCE = """import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -15,12 +19,6 @@ t = torch.ones(1) * dist.get_rank(); dist.all_reduce(t)
 print("sum", os.environ["RANK"], os.environ["WORLD_SIZE"], t.item())
 dist.destroy_process_group()  # without it gloo may abort at exit, and torchrun then fails the node
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchruns(kernel):
@@ -44,10 +42,7 @@ def rank_pids(kernel):
 def assert_nothing_left(kernel):
     pids = rank_pids(kernel)
     assert not wait_gone(pids, 5), "a rank outlived its cell"
-    deadline = time.monotonic() + 5
-    while torchruns(kernel) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not torchruns(kernel), "torchrun or a rank outlived its cell"
+    assert wait_until(lambda: not torchruns(kernel), 5), "torchrun or a rank outlived its cell"
 
 
 def test_one_node_through_torchrun(kernel):

@@ -4,7 +4,9 @@ import re
 
 import pytest
 
-from kernel import wait_gone
+from helpers import wait_gone
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 MAIN_CELL = """%%ddp -n 4
 import os, torch, torch.distributed as dist

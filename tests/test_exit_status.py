@@ -6,8 +6,12 @@ import threading
 
 from multiprocess.connection import wait
 
+import pytest
+
 import nbddp.sources.rankprocs  # noqa: F401 - what the launcher imports
 from nbddp.forkserver import starter
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 
 def _exit_7():

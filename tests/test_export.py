@@ -4,13 +4,15 @@ import glob
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from helpers import free_port
 from kernel import Kernel
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 CELL = """import os, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -21,12 +23,6 @@ print("argv", sys.argv[1:], "name", __name__, "greeting", os.environ.get("GREETI
 print("cwd", os.path.basename(os.getcwd()))
 dist.destroy_process_group()
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,10 @@ import time
 
 import pytest
 
-from kernel import Kernel, alive, wait_gone, worker_pids
+from helpers import alive, wait_gone
+from kernel import Kernel, worker_pids
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 NEXT_CELL = "%%ddp -n 2\nprint('next cell ok')"
 

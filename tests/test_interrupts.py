@@ -10,10 +10,12 @@ import re
 import signal
 import time
 
-import psutil
 import pytest
 
-from kernel import Kernel, alive, wait_gone
+from helpers import alive, wait_gone
+from kernel import Kernel
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 STRESS = int(os.environ.get("NBDDP_STRESS", "50"))  # interrupts per kind (fresh, pool): 100 in all
 BUSY = "while True:\n    pass\n"
@@ -122,19 +124,9 @@ def test_interrupt_right_after_load_ext_then_a_4_rank_cell(tmp_path):
         k.shutdown()
 
 
-def _forkserver(k):
-    for p in psutil.Process(k.pid).children():
-        try:
-            if "forkserver" in " ".join(p.cmdline()):
-                return p
-        except psutil.Error:
-            pass
-    return None
-
-
 def test_forkserver_in_its_own_session_and_replaced_if_it_dies(kernel):
     kernel.ok(NEXT, timeout=120)
-    server = _forkserver(kernel)
+    server = kernel.forkserver()
     assert server is not None
     assert os.getsid(server.pid) == server.pid != os.getsid(kernel.pid)  # the stop button cannot reach it
     os.kill(server.pid, signal.SIGKILL)
@@ -148,12 +140,12 @@ def test_forkserver_in_its_own_session_and_replaced_if_it_dies(kernel):
 
 def test_forkserver_replaced_between_cells_by_the_spares_refill_is_still_reported(kernel):
     kernel.ok(NEXT, timeout=120)
-    server = _forkserver(kernel)
+    server = kernel.forkserver()
     os.kill(server.pid, signal.SIGKILL)
     wait_gone([server.pid], 5)
     # the background refill of spares forks first: multiprocess starts a new forkserver for it
     kernel.ok("from nbddp.forkserver import spares\nspares.clear(); spares.refill(2); spares.settle(120)", timeout=180)
-    replacement = _forkserver(kernel)
+    replacement = kernel.forkserver()
     assert replacement is not None and replacement.pid != server.pid
     reply = kernel.ok(NEXT, timeout=180)
     notes = [line for line in reply.text.splitlines() if "forkserver had ended" in line]
@@ -165,7 +157,7 @@ def test_forkserver_killed_mid_cell_leaves_the_ranks_own_exit_codes(kernel):
     none. That is no exit: the ranks run on, and each is reported with the code it exited with
     (never multiprocess's 255 for "status pipe closed"); the next cell gets a new forkserver."""
     kernel.ok(NEXT, timeout=120)
-    server = _forkserver(kernel)
+    server = kernel.forkserver()
 
     def kill_when_both_sleep(reply):
         if reply.stdout.count("sleeping") == 2 and alive([server.pid]):

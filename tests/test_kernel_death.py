@@ -13,7 +13,10 @@ import time
 import psutil
 import pytest
 
-from kernel import Kernel, alive, wait_gone
+from helpers import alive, wait_gone
+from kernel import Kernel
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 SLEEPING = "%%ddp -n 2\nimport time\nprint('running', flush=True)\ntime.sleep(120)"
 HOLDING_THE_GIL = "%%ddp -n 2\nimport re\nprint('running', flush=True)\nre.match(r'(a+)+$', 'a' * 60 + 'b')"
@@ -23,10 +26,6 @@ def as_in_jupyter() -> dict:
     """The environment without pytest's mark, so ipykernel captures fds 1 and 2 (into pipes of
     its own, keeping a copy of the originals) as under Jupyter."""
     return {key: value for key, value in os.environ.items() if key != "PYTEST_CURRENT_TEST"}
-
-
-def _forkserver(k: Kernel) -> psutil.Process:
-    return next(p for p in psutil.Process(k.pid).children() if "forkserver" in " ".join(p.cmdline()))
 
 
 def _processes_of(k: Kernel, tmp: str) -> list[int]:
@@ -66,7 +65,7 @@ def test_nothing_of_a_killed_kernel_outlives_it(tmp_path, target, moment):
         elif moment == "rank-holding-the-gil":
             k.start_until(HOLDING_THE_GIL, lambda text: text.count("running") == 2)
         elif moment == "forkserver-stuck":
-            os.kill(_forkserver(k).pid, signal.SIGSTOP)
+            os.kill(k.forkserver().pid, signal.SIGSTOP)
         pids = _processes_of(k, tmp)
         assert len(pids) >= 3, pids  # at least the forkserver, the resource tracker and the watcher
         kernel, killed = k.pid, time.monotonic()

@@ -3,9 +3,13 @@ goes with the kernel (even one that is killed); a --log-dir folder is never dele
 0600 in 0700 folders."""
 import os
 import stat
-import time
 
+import pytest
+
+from helpers import wait_until
 from kernel import Kernel
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 
 def _mode(path):
@@ -49,8 +53,5 @@ def test_default_logs_are_bounded_private_and_go_with_the_kernel(tmp_path):
         assert os.path.isdir(push_dir)
     finally:
         k.shutdown()  # SIGKILL: no atexit in the kernel
-    deadline = time.monotonic() + 10
-    while (os.path.exists(root) or os.path.exists(push_dir)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not os.path.exists(root) and not os.path.exists(push_dir)
+    assert wait_until(lambda: not os.path.exists(root) and not os.path.exists(push_dir), 10)
     assert (mine / "rank0.stdout").exists() and (mine / "cell.py").exists()  # the user's: kept

@@ -5,6 +5,9 @@ import os
 
 import nbformat
 import papermill
+import pytest
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 CELLS = [
     "%load_ext nbddp",

@@ -5,7 +5,9 @@ import time
 
 import pytest
 
-from kernel import alive, wait_gone
+from helpers import alive, wait_gone
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 
 def _pids(kernel):

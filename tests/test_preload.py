@@ -9,6 +9,8 @@ import pytest
 
 from kernel import Kernel
 
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
+
 PROBE = "import sys, json, os\nprint('MODS', json.dumps({m: m in sys.modules for m in NAMES}))\n"
 
 

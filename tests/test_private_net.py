@@ -13,11 +13,13 @@ import time
 
 import pytest
 
+from helpers import alive, wait_gone
 from kernel import Kernel
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None
-                                or not os.path.exists("/usr/bin/python3"),
-                                reason="needs root (to act as a second user, nobody) and runuser")
+pytestmark = [pytest.mark.kernel,  # see tests/conftest.py
+              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None
+                                 or not os.path.exists("/usr/bin/python3"),
+                                 reason="needs root (to act as a second user, nobody) and runuser")]
 
 PRIVNET = os.path.join(os.path.dirname(__file__), "..", "nbddp", "forkserver", "privnet.py")
 
@@ -173,11 +175,7 @@ def test_nothing_of_a_private_kernel_outlives_it(private_kernel):
     helpers = psutil.Process(k.pid).children(recursive=True)
     assert "nbddp-stores" in [p.name() for p in helpers]
     os.kill(k.pid, 9)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                                              for p in helpers):
-        time.sleep(0.1)
-    assert not [p.name() for p in helpers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not wait_gone([p.pid for p in helpers], 10), [p.name() for p in helpers if alive([p.pid])]
 
 
 HUB_CELL = """%%ddp -n 2 --output text

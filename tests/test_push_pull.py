@@ -7,6 +7,8 @@ import time
 import psutil
 import pytest
 
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
+
 SIZE = 200_000_000  # bytes: a 50M-element float32 tensor
 
 

@@ -169,6 +169,7 @@ def serve_and_ask(command: str, clone, env) -> dict:
                 proc.wait(timeout=10)
 
 
+@pytest.mark.kernel
 def test_readme_commands_work_on_a_fresh_clone(clone, tmp_path):
     import torch
 

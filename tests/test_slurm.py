@@ -11,7 +11,8 @@ import time
 import pytest
 from nbddp import DDPUsageError
 
-from kernel import Kernel, alive
+from helpers import alive, wait_until
+from kernel import Kernel
 from nbddp.sources.slurm_script import sbatch_options, sbatch_text
 from nbddp.core.spec import parse_line
 
@@ -68,6 +69,7 @@ def test_sbatch_lines_win_over_ours_and_gpus_are_asked_for_nccl():
         parse_line("--slurm -n 2 --rdzv-timeout 60 --max-restarts 2 --launcher torchrun"), "a.py")
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("kernel_python, given, runs", [
     (sys.executable, None, sys.executable),          # the exporting kernel's interpreter, where it exists
     ("/nowhere/venv/bin/python", None, "python"),    # a path this node lacks: python from PATH
@@ -119,9 +121,7 @@ def jobs() -> list[str]:
 
 def jobs_after_end(timeout: float = 10) -> list[str]:
     """Jobs still listed once a finished job's COMPLETING moment (slurmd's cleanup) had time to pass."""
-    deadline = time.monotonic() + timeout
-    while jobs() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: not jobs(), timeout, every=0.2)
     return jobs()
 
 
@@ -172,6 +172,7 @@ def rank_outputs(log_dir) -> dict[int, str]:
     return out
 
 
+@pytest.mark.kernel
 @needs_slurm
 def test_exported_sbatch_job_gives_each_rank_the_cells_output(job, tmp_path):
     kernel, folder = job
@@ -194,6 +195,7 @@ def test_exported_sbatch_job_gives_each_rank_the_cells_output(job, tmp_path):
     assert not jobs_after_end()
 
 
+@pytest.mark.kernel
 @needs_slurm
 def test_a_slurm_cell_runs_on_every_node(job):
     kernel, _ = job
@@ -209,6 +211,7 @@ def test_a_slurm_cell_runs_on_every_node(job):
     assert not jobs_after_end()
 
 
+@pytest.mark.kernel
 @needs_slurm
 def test_a_failing_rank_raises_ddperror_with_its_cause(job):
     kernel, folder = job
@@ -223,6 +226,7 @@ def test_a_failing_rank_raises_ddperror_with_its_cause(job):
     assert not jobs_after_end()
 
 
+@pytest.mark.kernel
 @needs_slurm
 def test_interrupt_cancels_the_job(job):
     kernel, _ = job
@@ -247,6 +251,7 @@ def test_interrupt_cancels_the_job(job):
     assert time.monotonic() - sent[0] < 20
 
 
+@pytest.mark.kernel
 @needs_slurm
 def test_timeout_stops_the_job_and_a_bad_partition_is_srun_s_error(job):
     kernel, _ = job
@@ -261,6 +266,7 @@ def test_timeout_stops_the_job_and_a_bad_partition_is_srun_s_error(job):
     assert "rank 0: failed (never started (srun ended before this rank ran))" in text, text
 
 
+@pytest.mark.kernel
 @needs_slurm
 def test_inside_an_allocation_the_cell_is_a_step_of_it(tmp_path):
     """As in a notebook started inside ``salloc``: the kernel has the allocation's SLURM_* variables."""
@@ -280,15 +286,9 @@ def test_inside_an_allocation_the_cell_is_a_step_of_it(tmp_path):
         assert jobs() == [f"{job_id} nbddp-test-alloc RUNNING"], jobs()  # the allocation stays, for the next cell
         # the kernel's exit while a cell runs: its step is cancelled, the allocation stays
         msg_id = k.kc.execute("%%ddp --launcher slurm -n 1\nimport time\nprint('up', flush=True)\ntime.sleep(300)\n")
-        deadline = time.monotonic() + 120
-        while steps(job_id) == [] and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert steps(job_id), "the cell's step never started"
+        assert wait_until(lambda: steps(job_id), 120, every=0.5), "the cell's step never started"
         k.km.shutdown_kernel(now=False)
-        deadline = time.monotonic() + 20
-        while steps(job_id) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not steps(job_id), "the cell's step outlived the kernel"
+        assert wait_until(lambda: not steps(job_id), 20, every=0.5), "the cell's step outlived the kernel"
         assert jobs() == [f"{job_id} nbddp-test-alloc RUNNING"], jobs()
     finally:
         k.shutdown()

@@ -5,7 +5,12 @@ import json
 import os
 import signal
 
-from kernel import Kernel, alive, wait_gone
+import pytest
+
+from helpers import alive, wait_gone
+from kernel import Kernel
+
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 DUMP = """%%ddp -n 3 -- --flag x
 import os, sys, json, torch

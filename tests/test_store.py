@@ -7,6 +7,8 @@ import socket
 import psutil
 import pytest
 
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
+
 CELL = ("import os, time, torch.distributed as dist\ndist.init_process_group('gloo')\n"
         "print('PORT', os.environ['MASTER_PORT'], flush=True)\ntime.sleep(2)\ndist.barrier()")
 

@@ -10,6 +10,8 @@ import pytest
 
 from nbddp.core.envvars import PER_LAUNCH_KEYS
 
+pytestmark = pytest.mark.kernel  # see tests/conftest.py
+
 DUMP = """
 import json, os, sys
 out = os.environ["DUMP_DIR"]

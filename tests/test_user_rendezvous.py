@@ -6,14 +6,9 @@ import socket
 
 import pytest
 
-from kernel import wait_gone, worker_pids
+from helpers import free_port, wait_gone
+from kernel import worker_pids
 from nbddp.rank import user_rendezvous
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sums(reply, tag="sum"):

@@ -22,7 +22,8 @@ import zipfile
 import pytest
 
 import nbddp
-from kernel import Kernel, alive, wait_gone
+from helpers import alive, wait_gone
+from kernel import Kernel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LESSON = "05_sharding_and_metrics.ipynb"  # a short lesson with every kind of cell (params, %%ddp, check, solution)
@@ -81,6 +82,7 @@ def venv(dist, tmp_path_factory):
     return python, site
 
 
+@pytest.mark.kernel
 def test_sdist_and_wheel_pass_twine_check_and_carry_what_a_user_needs(dist):
     sdist, wheel = dist
     run([sys.executable, "-m", "twine", "check", "--strict", str(sdist), str(wheel)])
@@ -135,6 +137,7 @@ def inside_checkout(paths, cwd) -> list[str]:
     return [p for p in full if p == root or p.startswith(root + os.sep)]
 
 
+@pytest.mark.kernel
 def test_installed_wheel_runs_ddp_cells_spares_and_torchrun(venv, tmp_path):
     python, site = venv
     work = tmp_path / "work"
@@ -171,6 +174,7 @@ def test_installed_wheel_runs_ddp_cells_spares_and_torchrun(venv, tmp_path):
     assert not wait_gone(ranks, 10), f"ranks outlived the kernel: {alive(ranks)}"
 
 
+@pytest.mark.kernel
 def test_installed_wheel_runs_a_lesson_under_papermill(venv, tmp_path):
     python, site = venv
     shutil.copy(os.path.join(ROOT, "notebooks", LESSON), tmp_path / LESSON)

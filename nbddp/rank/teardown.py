@@ -13,7 +13,7 @@ runs: 7 of 25 (and 6 of 20) launches with nbddp's preload, 2 of 12 with spawned 
 interpreter) that imported the same modules first, 0 of 12 spawned without them, 0 of 25 with
 a 50 ms pause before ``destroy_process_group()``, 0 of 40 with this wrapper at 20 ms, and at
 5 ms 0 of 60 idle and 0 of 40 with both cores kept busy (7 of 20 without it under that load);
-tests/test_training_soak.py: 100 launches in a real kernel, which fail without it. So the rank's ``destroy_process_group``
+tests/test_training_soak.py: 30 launches in a real kernel a mode, 7 of which hang without it. So the rank's ``destroy_process_group``
 first releases the GIL for a moment (``PAUSE_S``), which lets a waiting worker thread finish;
 nothing else changes (same function, same arguments, same result).
 
