@@ -106,7 +106,7 @@ def test_a_rank_that_ends_right_after_init_never_breaks_a_peers_connect(tmp_path
     100 four-rank launches with both cores busy (nbddp/rank/teardown.py's init barrier)."""
     import multiprocessing
 
-    k = _loaded(Kernel(cwd=str(tmp_path)))
+    k = Kernel(cwd=str(tmp_path)).load_nbddp()
     busy = [multiprocessing.get_context("fork").Process(target=_busy_core, daemon=True) for _ in range(2)]
     try:
         for p in busy:
