@@ -6,14 +6,13 @@ of ranks (it was ranks x size when each rank got its own copy over a pipe).
 CPU tensors go out of band (pickle protocol 5): their bytes are written straight from the
 tensor's memory after the pickle stream, and a rank copies them out of its map into a storage
 of its own, with no torch.save round trip at either end; views keep sharing their storage.
-The file is removed when the cell ends, and with the kernel (nbddp/kernel/janitor.py) if it is killed.
+A rank reads the file with nbddp/rank/pushed.py. The file is removed when the cell ends, and with the kernel (nbddp/kernel/janitor.py) if it is killed.
 """
 from __future__ import annotations
 
 import copyreg
 import ctypes
 import io
-import mmap
 import os
 import pickle
 import struct
@@ -22,6 +21,7 @@ import tempfile
 import uuid
 
 from nbddp.kernel.janitor import remove_at_exit
+from nbddp.rank.pushed import rebuild_storage, rebuild_tensor  # what a rank rebuilds tensors with (by name)
 from nbddp.kernel.logdirs import private
 
 _folder: str | None = None
@@ -54,28 +54,6 @@ def pack(values: dict | None) -> dict | None:
     return {"path": path}
 
 
-def load(packed) -> dict:
-    """In a rank: the pushed values (``packed`` from pack; bytes from an older kernel)."""
-    import dill
-
-    if isinstance(packed, (bytes, bytearray)):
-        return dill.loads(packed)
-    with open(packed["path"], "rb") as f:
-        # a private, copy-on-write map: writable (torch.frombuffer wants that), never written
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    view = memoryview(mapped)
-    count, size = struct.unpack_from("<2Q", view)
-    lengths = struct.unpack_from(f"<{count}Q", view, 16)
-    offset = 16 + 8 * count
-    stream = view[offset:offset + size]
-    offset += size
-    buffers = []
-    for length in lengths:
-        buffers.append(view[offset:offset + length])
-        offset += length
-    return dill.loads(stream, buffers=buffers)
-
-
 def _send_tensors_out_of_band(pickler) -> None:
     torch = sys.modules.get("torch")
     if torch is None:
@@ -87,7 +65,7 @@ def _send_tensors_out_of_band(pickler) -> None:
             return t.__reduce_ex__(5)
         storage = t.untyped_storage()
         blob = blobs.setdefault(storage.data_ptr(), _Blob(storage))
-        return (_tensor, (blob, t.dtype, tuple(t.shape), t.stride(), t.storage_offset(),
+        return (rebuild_tensor, (blob, t.dtype, tuple(t.shape), t.stride(), t.storage_offset(),
                           t.requires_grad))
 
     pickler.dispatch_table = dict(copyreg.dispatch_table)
@@ -110,20 +88,7 @@ class _Blob:
     def __reduce__(self):
         nbytes = self.storage.nbytes()
         raw = (ctypes.c_char * nbytes).from_address(self.storage.data_ptr())
-        return (_storage, (pickle.PickleBuffer(memoryview(raw).cast("B")),))
-
-
-def _storage(buffer):
-    import torch
-
-    return torch.frombuffer(buffer, dtype=torch.uint8).clone().untyped_storage()
-
-
-def _tensor(storage, dtype, shape, stride, offset, requires_grad):
-    import torch
-
-    t = torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
-    return t.requires_grad_(True) if requires_grad else t
+        return (rebuild_storage, (pickle.PickleBuffer(memoryview(raw).cast("B")),))
 
 
 def discard(packed) -> None:

@@ -18,7 +18,7 @@ import traceback
 import types
 
 from nbddp.rank import nostdin
-from nbddp.kernel import pushing
+from nbddp.rank import pushed
 from nbddp.rank import stackwatch
 from nbddp.rank import teardown
 from nbddp.rank import user_rendezvous
@@ -223,7 +223,7 @@ def _new_main(cell_path: str) -> types.ModuleType:
 def _exec_source(cell: Cell, main: types.ModuleType, ctl) -> None:
     """Run one cell's source in ``main``: pushed names first, pulled names sent back after."""
     if cell.push:
-        main.__dict__.update(pushing.load(cell.push))
+        main.__dict__.update(pushed.load(cell.push))
     source, path = cell.source, cell.path
     linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     exec(compile(source, path, "exec"), main.__dict__)
