@@ -168,13 +168,19 @@ def run(source: FakeRanks, sinks=(), **spec) -> RunResult:
 
 @pytest.fixture(autouse=True)
 def _quick(monkeypatch):
-    """Escalation steps in tenths of a second instead of seconds (the same order)."""
+    """Escalation steps in tenths of a second instead of seconds (the same order), and SIGINT
+    as in a kernel: Python's own handler (a run in the background of a shell ignores it, and
+    the supervisor rightly leaves an ignored SIGINT alone)."""
     monkeypatch.setattr(supervisor, "TERM_GRACE_S", 0.2)
     monkeypatch.setattr(supervisor, "INTERRUPT_GRACE_S", 0.1)
     monkeypatch.setattr(supervisor, "KILL_AFTER_S", 0.15)
     monkeypatch.setattr(supervisor, "HANDLER_LIMIT_S", 0.6)
-    yield
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # always given back
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # always given back
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 # -------------------------------------------------------------------- states
