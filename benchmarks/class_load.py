@@ -9,8 +9,9 @@ part of the CI suite (tests/test_class_load.py runs a small version of it).
 First each lesson runs alone (its solo time), then K students at once, each running the lessons
 in order. It checks that every lesson passed for every student (the lessons' own check cells
 assert their results, so ranks that met another kernel's store would fail them), that with
-``--private`` each kernel's ranks were in a network namespace of their own (a last cell
-appended to each lesson prints it), and that nothing was left afterwards: no process of any
+``--private`` each kernel's ranks were in a network namespace of their own (a cell added after
+the lesson's ``%load_ext`` and one at its end print it and the time; two kernels may see the
+same number only one after the other, as the kernel frees it when it ends), and that nothing was left afterwards: no process of any
 kernel, no log folder, no pushed file. It prints
 each lesson's solo time next to its times under load, and exits 1 if any check failed.
 
@@ -39,7 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 KERNEL = "nbddp-class"
 NET_CELL = ("%%ddp -n 1 --fresh --output text\n"
-            "import os\nprint('NBDDP_NET', os.readlink('/proc/self/ns/net'))")
+            "import os, time\nprint('NBDDP_NET', os.readlink('/proc/self/ns/net'), time.time())")
 
 
 def lesson_files(numbers: list[str]) -> list[str]:
@@ -79,7 +80,12 @@ def student(lessons: list[str], out_dir: str) -> None:
         dst = os.path.join(out_dir, name)
         work = tempfile.mkdtemp(prefix="lesson-", dir=out_dir)
         nb = nbformat.read(original, as_version=4)
-        nb.cells.append(nbformat.v4.new_code_cell(NET_CELL))  # where this kernel's ranks were
+        # where this kernel's ranks were, and when: right after %load_ext and at the end, so the
+        # network is known to be alive (held by this kernel's forkserver) from one to the other
+        loads = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "%load_ext nbddp" in c.source]
+        if loads:
+            nb.cells.insert(loads[0] + 1, nbformat.v4.new_code_cell(NET_CELL))
+        nb.cells.append(nbformat.v4.new_code_cell(NET_CELL))
         src = os.path.join(work, name)
         nbformat.write(nb, src)
         started = time.monotonic()
@@ -90,13 +96,14 @@ def student(lessons: list[str], out_dir: str) -> None:
         except Exception as exc:  # noqa: BLE001 - reported, the next lesson still runs
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         elapsed = time.monotonic() - started
-        nets = set()
+        seen = []
         if os.path.exists(dst):
             text = json.dumps(nbformat.read(dst, as_version=4).cells)
-            nets = set(re.findall(r"NBDDP_NET (net:\[\d+\])", text))
+            seen = [(net, float(t)) for net, t in re.findall(r"NBDDP_NET (net:\[\d+\]) ([\d.]+)", text)]
+        times = [t for _, t in seen] or [time.time()]
         print(json.dumps({"lesson": name, "seconds": round(elapsed, 2), "error": error,
-                          "nets": sorted(nets), "ended": time.time(),
-                          "started": time.time() - elapsed}), flush=True)
+                          "nets": sorted({net for net, _ in seen}),
+                          "started": min(times), "ended": max(times)}), flush=True)
 
 
 STUDENT = "nbddp-student{}"
@@ -253,7 +260,8 @@ def run(kernels: int, numbers: list[str], private: bool, solo: bool = True, out_
             if private and len(report["nets"]) != 1:
                 failures.append(f"{run_name}: ranks in networks {report['nets']}, not one of its own")
             for net in report["nets"] if private else ():
-                # the kernel frees a namespace's number when it ends: only runs at the same time count
+                # from its first sighting to its last the network is held by this kernel; once the
+                # kernel ends its number is free again: only windows that overlap count
                 for other, started, ended in owners.get(net, []):
                     if started < report["ended"] and report["started"] < ended:
                         failures.append(f"{run_name}: ranks in the network of {other}, at the same time")
