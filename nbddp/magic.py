@@ -91,7 +91,7 @@ class DDPMagics(Magics):
         pool = self.pool
         with _shown_as_usage_error():
             order = parse_pool_line(line, exists=pool is not None,
-                                    running=pool is not None and pool.state in ("ready", "running a cell"))
+                                    running=pool is not None and pool.state in (PoolState.IDLE, PoolState.BUSY))
             if order.help_only:
                 return None
             if order.command == "stop" or order.spec is not None:

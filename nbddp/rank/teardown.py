@@ -39,27 +39,20 @@ _ORIGINAL = "__nbddp_original__"
 
 
 def install() -> bool:
-    """Wrap ``destroy_process_group`` and ``init_process_group`` where torch.distributed is already imported (always in a
-    forkserver rank: it is preloaded). True when installed."""
+    """Wrap ``destroy_process_group`` and ``init_process_group`` where torch.distributed is
+    already imported (always in a forkserver rank: it is preloaded). True when installed."""
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     dist = sys.modules.get("torch.distributed")
     if c10d is None or dist is None:
         return False
-    original = getattr(c10d, "destroy_process_group", None)
-    if original is None or hasattr(original, _ORIGINAL):
-        return original is not None
-    _replace(c10d, dist, "destroy_process_group", _wrap(original))
-    init = getattr(c10d, "init_process_group", None)
-    if init is not None and not hasattr(init, _ORIGINAL):
-        _replace(c10d, dist, "init_process_group", _wrap_init(init, c10d))
-    return True
-
-
-def _replace(c10d, dist, name: str, wrapped) -> None:
-    original = getattr(c10d, name)
-    setattr(c10d, name, wrapped)
-    if getattr(dist, name, None) is original:
-        setattr(dist, name, wrapped)
+    wrappers = (("destroy_process_group", _wrap), ("init_process_group", lambda f: _wrap_init(f, c10d)))
+    for name, wrap in wrappers:
+        original = getattr(c10d, name, None)
+        if original is not None and not hasattr(original, _ORIGINAL):
+            setattr(c10d, name, wrap(original))
+            if getattr(dist, name, None) is original:
+                setattr(dist, name, getattr(c10d, name))
+    return getattr(c10d, "destroy_process_group", None) is not None
 
 
 def _wrap_init(original, c10d):

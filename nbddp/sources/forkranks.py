@@ -17,6 +17,7 @@ from nbddp.sources.rankjobs import rank_jobs
 from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
 from nbddp.core.exitstates import settle
+from nbddp.core.states import StopReason
 from nbddp.sources.supervisor import Source
 
 FAILFAST_DELAY_S = 0.25  # torchrun's agent notices a failed worker at its next check (0.1 s)
@@ -95,7 +96,7 @@ class ForkRanks(Source):
         already (they are exiting by themselves, with their own code), SIGKILL does not."""
         self.procs.signal([r for r in self.procs.ranks
                            if not (spare_handlers and r.handling())
-                           and not (reason == "failfast" and sig != signal.SIGKILL and r.ended)],
+                           and not (reason == StopReason.FAILFAST and sig != signal.SIGKILL and r.ended)],
                           sig, reason, why)
 
     def end_lingering(self, limit: float) -> None:

@@ -30,7 +30,7 @@ from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RankResult, RunResult
 from nbddp.core.spec import LaunchSpec, check_pool_spec, given_or_made
-from nbddp.core.states import PoolState
+from nbddp.core.states import PoolState, StopReason
 from nbddp.core.summary import label
 from nbddp.core.exitstates import ended_by_nbddp, settle
 from nbddp.sources.supervisor import Source, Supervisor
@@ -43,7 +43,7 @@ IDLE, BUSY, BROKEN, STOPPED = PoolState
 class PoolRanks(Source):
     """The pool's processes; one cell at a time is their launch."""
 
-    FIRST_SIGNAL = {"failfast": signal.SIGINT, "timeout": signal.SIGINT, "interrupt": signal.SIGINT}
+    FIRST_SIGNAL = dict.fromkeys(StopReason, signal.SIGINT)
     persistent = True
 
     def __init__(self, pool: "Pool"):
@@ -186,7 +186,7 @@ class PoolRanks(Source):
             if not self.pool.why_broken:
                 self.pool.why_broken = f"a rank ended during cell {self.pool.cells_run}"
             rest = [r for r in self.procs.ranks if r.alive]  # their process group is gone
-            self.procs.signal(rest, signal.SIGKILL, "failfast", "when the pool broke")
+            self.procs.signal(rest, signal.SIGKILL, StopReason.FAILFAST, "when the pool broke")
             for rank in rest:
                 self.procs.reap(rank, wait=5.0)
 

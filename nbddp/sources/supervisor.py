@@ -25,7 +25,7 @@ from nbddp.core import diagnosis
 from nbddp.forkserver import privnet
 from nbddp.sources import stacks
 from nbddp.core.cellnames import name_cell
-from nbddp.core.states import LaunchState
+from nbddp.core.states import LaunchState, StopReason
 from nbddp.core.summary import label
 
 NEW, STARTING, RUNNING, STOPPING, CLOSING, DONE = LaunchState
@@ -71,7 +71,8 @@ class Source:
     processes and keep ``result`` (a RunResult) true; they never decide when to stop."""
 
     # the first signal for each reason to stop; the supervisor escalates from there
-    FIRST_SIGNAL = {"failfast": signal.SIGTERM, "timeout": signal.SIGTERM, "interrupt": signal.SIGINT}
+    FIRST_SIGNAL = {StopReason.FAILFAST: signal.SIGTERM, StopReason.TIMEOUT: signal.SIGTERM,
+                    StopReason.INTERRUPT: signal.SIGINT}
     persistent = False  # a pool outlives its cells: it leaves the registry when it is stopped
     interrupted_note = "interrupted: all ranks were stopped"
     result = None
@@ -228,7 +229,7 @@ class Supervisor:
             self.escalations = [e for e in self.escalations if e[0] > now]
             for _, sig, spare in due:
                 self.source.signal(sig, self.stopping, self.why, spare_handlers=spare)
-        if self.stopping == "interrupt" and not self.handler_noted and self.escalations \
+        if self.stopping == StopReason.INTERRUPT and not self.handler_noted and self.escalations \
                 and now >= self.stop_at + KILL_AFTER_S + 0.2:
             busy = self.source.handling()
             if busy:
@@ -242,7 +243,7 @@ class Supervisor:
         self.source.end_lingering(spec.idle_warning or LINGER_S)  # at the latest at the idle warning
         why = self.source.failure()
         if why:
-            self._stop("failfast", why)
+            self._stop(StopReason.FAILFAST, why)
         elif spec.timeout is not None and time.time() - self.source.result.started_at > spec.timeout:
             self._time_out()
         elif (spec.idle_warning and not self.idle_warned
@@ -270,7 +271,7 @@ class Supervisor:
         result = self.source.result
         result.timed_out = True
         self.source.note(diagnosis.timeout_report(self.spec.timeout, result))
-        self._stop("timeout", f"after the {self.spec.timeout:g} s timeout")
+        self._stop(StopReason.TIMEOUT, f"after the {self.spec.timeout:g} s timeout")
 
     def _collect_stacks(self) -> list:
         targets = self.source.stack_targets()
@@ -286,9 +287,9 @@ class Supervisor:
         first = self.handled_interrupts == 0
         self.handled_interrupts = self.interrupts
         self.source.result.interrupted = True
-        if first and self.stopping != "interrupt":
+        if first and self.stopping != StopReason.INTERRUPT:
             self.escalations = []
-            self._stop("interrupt", "after the interrupt")
+            self._stop(StopReason.INTERRUPT, "after the interrupt")
         else:  # a second interrupt: no more grace
             self.escalations = []
             self.source.kill_now()
