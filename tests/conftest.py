@@ -32,10 +32,25 @@ def fresh_kernel(tmp_path):
     k.shutdown()
 
 
+# Seconds each of the longest files took alone (2 cores, 2026-12-04). scripts/test.sh runs two
+# files at a time, handing them out in collection order: longest first, so no long file starts
+# last and leaves one worker idle while it ends.
+LONGEST = {"test_notebooks.py": 143, "test_readme.py": 105, "test_elastic.py": 87, "test_faults.py": 80,
+           "test_pool.py": 73, "test_kernel_death.py": 70, "test_slurm.py": 70, "test_descriptors.py": 67,
+           "test_wheel.py": 66, "test_interrupts.py": 65, "test_browser.py": 55, "test_training_soak.py": 45,
+           "test_preload.py": 32, "test_private_net.py": 30, "test_diagnosis.py": 29, "test_class_load.py": 28}
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if KERNEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kernel)
+    items.sort(key=lambda item: -_seconds_alone(item))  # stable: a file's tests keep their order
+
+
+def _seconds_alone(item) -> int:
+    path = getattr(item, "path", None)
+    return LONGEST.get(path.name, 0) if path else 0
 
 
 # ----------------------------------------------------------- the fast layer starts no process
