@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from nbddp.core import exitstates, summary
+from nbddp.core import diagnosis, exitstates, summary
 from nbddp.core.result import DDPError, DDPTimeout, RankResult, RunResult
 from nbddp.core.states import LaunchState, PoolState, RankState, StopReason
 from nbddp.sources.torchrun_ranks import TorchrunRanks
@@ -183,3 +183,18 @@ def test_status_files_confirm_renumber_restart_and_end_ranks(tmp_path):
         RankState.TERMINATED, "stopped by torchrun after another rank failed")
     assert events == [("rank_started", 2), ("rank_started", 2), ("rank_exited", 2), ("rank_exited", 1)]
     assert DDPError(res).args[0].splitlines()[:2] == ["rank 2 failed", "rank 2: failed (ValueError: bad at cell line 4)"]
+
+
+def test_a_rank_torchrun_stopped_after_a_peer_was_killed_is_not_called_killed_from_outside(tmp_path):
+    """Rank 1 killed (SIGKILL, no status file), rank 0 then stopped by torchrun (SIGTERM): as
+    torchrun's summary lists them (the rank it stopped first, the root cause last)."""
+    res = RunResult(ranks=[], world_size=2, log_dir=str(tmp_path))
+    ranks = TorchrunRanks(res, str(tmp_path), 2, lambda *a: None, lambda _: None)
+    for r in (0, 1):
+        ranks.get(r, r, 0)
+    from test_unit_torchrun_cli import AGENT_LOG_STOPPED
+
+    ranks.settle_all(None, set(), 1, diagnosis.agent_failures(AGENT_LOG_STOPPED))
+    assert [(r.state, r.cause) for r in res.ranks] == [
+        (RankState.TERMINATED, "stopped by torchrun after another rank failed"),
+        (RankState.KILLED, "killed by SIGKILL (from outside nbddp, or out of memory)")]

@@ -131,8 +131,36 @@ Root Cause (first observed failure):
 """
 
 
+# As torch 2.13's ChildFailedError prints it: the ranks torchrun stopped itself (SIGTERM) under
+# "Failures", before the root cause.
+AGENT_LOG_STOPPED = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+runs/13/train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-04_19:01:02
+  host      : vm
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 4001)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 4001
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-04_19:01:01
+  host      : vm
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4002)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4002
+============================================================
+"""
+
+
 def test_agent_failures_are_read_from_torchruns_summary():
     assert diagnosis.agent_failures(AGENT_LOG) == [(3, 1, -9), (2, 0, 1)]
+    assert diagnosis.agent_failures(AGENT_LOG_STOPPED) == [(1, 1, -9), (0, 0, -15)]  # root cause first
     assert diagnosis.agent_failures("all fine\n") == []
 
 

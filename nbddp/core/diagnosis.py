@@ -371,13 +371,21 @@ def collective_warning(source: str, targets, world_size: int) -> str | None:
 # ------------------------------------------------------- torchrun's agent and srun
 _AGENT_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 _AGENT_ERROR = re.compile(r"^[\w.]*(Error|Exception)\b|^torch\.distributed\.\S+(Error|Exception)")
+_ROOT_CAUSE = "Root Cause (first observed failure):"
 _RDZV_TIMEOUT = ("RendezvousTimeoutError", "RendezvousClosedError")
 SRUN_ERROR = "srun: error: "
 
 
 def agent_failures(agent_log: str) -> list[tuple[int, int, int]]:
-    """(rank, local rank, exit code) of each rank torchrun's failure summary names."""
-    return [(int(a), int(b), int(c)) for a, b, c in _AGENT_FAILURE.findall(agent_log)]
+    """(rank, local rank, exit code) of each rank torchrun's failure summary names, its root
+    cause (first observed failure) first. torchrun prints the root cause last, after the ranks
+    it then stopped itself (SIGTERM), and those are only known for what they are once the
+    failure before them is."""
+    head, root_title, root = agent_log.rpartition(_ROOT_CAUSE)
+    if not root_title:
+        head, root = agent_log, ""
+    found = _AGENT_FAILURE.findall(root) + _AGENT_FAILURE.findall(head)
+    return [(int(a), int(b), int(c)) for a, b, c in found]
 
 
 def agent_failure(agent_log: str, code: int, spec, log_path: str) -> str:

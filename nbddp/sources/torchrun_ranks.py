@@ -102,7 +102,8 @@ class TorchrunRanks:
 
     def end(self, res: RankResult, code: int | None, stop, sent, ended_at: float | None = None) -> None:
         res.exitcode, res.ended_at = code, ended_at or time.time()
-        others_failed = any(r.state == RankState.FAILED for r in self.by_rank.values() if r is not res)
+        others_failed = any(r.state in (RankState.FAILED, RankState.KILLED)
+                            for r in self.by_rank.values() if r is not res)
         exitstates.settle_torchrun(res, stop, sent, others_failed)
         self.emit("rank_exited", res)
 
