@@ -1,7 +1,9 @@
 """A real Jupyter kernel for tests, driven over ZMQ with jupyter_client."""
 from __future__ import annotations
 
+import os
 import queue
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -83,6 +85,26 @@ class Kernel:
                 break
         reply.status = shell["content"]["status"]
         return reply
+
+    def arm_stack_dump(self, path: str) -> None:
+        """Let ``stacks()`` show where the kernel's threads are (faulthandler on SIGUSR2, into
+        ``path``): for a test whose cell may get stuck, so its failure says where."""
+        self.dump_path = path
+        self.ok(f"import faulthandler as _fh, signal as _sig; _fh.register(_sig.SIGUSR2, "
+                f"file=open({path!r}, 'w'), all_threads=True)")
+
+    def stacks(self) -> str:
+        """The kernel's Python stacks now (after ``arm_stack_dump``), or why there are none."""
+        path = getattr(self, "dump_path", None)
+        if not path:
+            return "(no stack dump armed)"
+        try:
+            os.kill(self.pid, signal.SIGUSR2)
+        except ProcessLookupError:
+            return "(the kernel has ended)"
+        time.sleep(1.0)
+        with open(path) as f:
+            return f.read()[-6000:]
 
     def start_until(self, code: str, done, timeout: float = 60) -> str:
         """Execute ``code`` without waiting for its end: return its stdout so far as soon as

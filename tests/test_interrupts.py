@@ -34,9 +34,9 @@ def interrupt_at(k: Kernel, code: str, offset: float, timeout: float = 30):
     while True:
         try:
             return k.collect(msg_id, timeout=5), len(sent)
-        except TimeoutError:
+        except TimeoutError as exc:
             if time.monotonic() > deadline:
-                raise
+                raise TimeoutError(f"{exc}\n{len(sent)} interrupts sent; the kernel's stacks:\n{k.stacks()}") from None
             k.km.interrupt_kernel()
             sent.append(time.monotonic())
 
@@ -78,6 +78,7 @@ def test_100_interrupts_at_random_moments_on_fresh_and_pool_cells(tmp_path):
     k = Kernel(cwd=str(tmp_path))
     rng = random.Random(12)
     try:
+        k.arm_stack_dump(str(tmp_path / "kernel-stacks.txt"))
         k.ok("%load_ext nbddp")
         k.ok(NEXT, timeout=120)  # the forkserver is up
         seen, repeats = [], 0
