@@ -99,6 +99,7 @@ import torch
 from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
 from nbddp.datasets import digits
 
+torch.set_num_threads(1)      # a model this small runs fastest on one thread (and on a busy machine, much)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
