@@ -98,6 +98,7 @@ def test_sdist_and_wheel_pass_twine_check_and_carry_what_a_user_needs(dist):
         names = whl.namelist()
         meta = email.message_from_string(whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode())
     assert {n.split("/")[0] for n in names} == {"nbddp", f"nbddp-{nbddp.__version__}.dist-info"}, names
+    assert "nbddp/datasets/digits.csv.gz" in names, "the lessons' data set is package data"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert meta["Version"] == nbddp.__version__ and meta["License-Expression"] == "MIT"
     assert "lessons" in meta.get_all("Provides-Extra")

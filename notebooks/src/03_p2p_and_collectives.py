@@ -12,6 +12,7 @@
 # | `gather(t, list, dst)` | `dst` gets a list with every rank's tensor |
 # | `all_gather(list, t)` | every rank gets that list |
 # | `scatter(t, list, src)` | `src` hands piece *i* of its list to rank *i* |
+# | `reduce_scatter(t, list, op)` | rank *i* gets the sum of piece *i* of every rank's list — the first half of a ring all-reduce, and how FSDP reduces gradients (lesson 14) |
 # | `barrier()` | nobody continues until everybody has arrived |
 
 # %% parameters tags=["parameters"]
@@ -81,8 +82,72 @@ assert all(g["all_gather"] == [float(i + 1) for i in range(world_size)] for g in
 assert [g["scatter"] for g in got] == [[10.0 * i] for i in range(world_size)]
 print("collectives behave as the table says")
 
+# %% pictures [markdown]
+# ## 3 · The collectives in pictures
+# Each rank starts with a vector of `world_size` numbers in its own color: rank 0 holds 1 2 …, rank 1 holds
+# 10 20 …, rank 2 100 200 … (so any sum of them says where it came from). Every collective runs on a fresh
+# copy, the ranks send back what they hold afterwards, and the figure draws before and after from those
+# values: a cell in a rank's color was copied from that rank, a gray one is a sum over ranks. After `reduce`
+# only the destination's tensor is defined (the others are drawn hatched: gloo leaves scratch values there).
+
+# %% pictures-ddp
+# %%ddp -n $world_size --timeout 60 --pull after
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+mine = lambda: torch.tensor([(i + 1) * 10.0 ** rank for i in range(world)])
+after = {}
+t = mine(); dist.broadcast(t, src=0);                   after["broadcast(src=0)"] = t.tolist()
+t = mine(); dist.reduce(t, dst=0);                      after["reduce(dst=0)"] = t.tolist() if rank == 0 else None
+t = mine(); dist.all_reduce(t);                         after["all_reduce"] = t.tolist()
+parts = [torch.zeros(world) for _ in range(world)]; dist.all_gather(parts, mine())
+after["all_gather"] = torch.cat(parts).tolist()
+piece = torch.zeros(1); dist.reduce_scatter(piece, list(mine().split(1)))
+after["reduce_scatter"] = piece.tolist()
+print(f"rank {rank}: before {mine().tolist()}, reduce_scatter -> {piece.tolist()}")
+dist.destroy_process_group()
+
+# %% pictures-code
+import matplotlib.pyplot as plt
+before = [[(i + 1) * 10.0 ** r for i in range(world_size)] for r in range(world_size)]
+
+def cells(ax, x0, y, values):
+    """One rank's tensor as a row of boxes: a rank's color for its own numbers, gray for sums."""
+    if values is None:
+        ax.add_patch(plt.Rectangle((x0, y), world_size - 0.05, 0.85, fill=False, hatch="///", color="0.6"))
+        ax.text(x0 + world_size / 2, y + 0.42, "undefined", ha="center", va="center", fontsize=7, color="0.4")
+        return
+    for i, v in enumerate(values):
+        owner = [r for r in range(world_size) if v in before[r]]
+        ax.add_patch(plt.Rectangle((x0 + i, y), 0.95, 0.85, color=f"C{owner[0]}" if owner else "0.7", alpha=0.55))
+        ax.text(x0 + i + 0.47, y + 0.42, f"{v:g}", ha="center", va="center", fontsize=8)
+
+names = list(after[0])
+fig, axes = plt.subplots(len(names), 1, figsize=(9, len(names) * (0.5 * world_size + 0.55)))
+width = max(len(a[name] or []) for a in after for name in names)      # all_gather's: world_size² numbers
+for ax, name in zip(axes, names):
+    for r in range(world_size):
+        y = world_size - 1 - r
+        ax.text(-0.3, y + 0.42, f"rank {r}", ha="right", va="center", fontsize=8)
+        cells(ax, 0, y, before[r])
+        cells(ax, world_size + 2, y, after[r][name])
+    ax.annotate("", (world_size + 1.7, world_size / 2), (world_size + 0.2, world_size / 2),
+                arrowprops=dict(arrowstyle="->"))
+    ax.set_title(name, loc="left", fontsize=9, fontfamily="monospace")
+    ax.set_xlim(-1.5, world_size + 3 + width); ax.set_ylim(-0.1, world_size); ax.axis("off")
+fig.suptitle("before → after, as the ranks reported them", fontsize=10)
+fig.tight_layout(); plt.show()
+
+# %% pictures-check
+column = [sum(before[r][i] for r in range(world_size)) for i in range(world_size)]   # the sum of piece i
+assert all(a["broadcast(src=0)"] == before[0] and a["all_reduce"] == column for a in after)
+assert after[0]["reduce(dst=0)"] == column and all(a["reduce(dst=0)"] is None for a in after[1:])
+assert all(a["all_gather"] == [v for b in before for v in b] for a in after)
+assert [a["reduce_scatter"] for a in after] == [[c] for c in column]        # rank i: the sum of piece i
+print("reduce_scatter: rank i holds the sum of piece i,", [a["reduce_scatter"] for a in after])
+
 # %% all-reduce-written-by [markdown]
-# ## 3 · An all-reduce written by hand: the ring (环形 all-reduce)
+# ## 4 · An all-reduce written by hand: the ring (环形 all-reduce)
 # NCCL and gloo implement `all_reduce` so that each rank sends only about 2× its data, whatever the number of
 # ranks. The **ring** algorithm: split the tensor into `world` chunks; then
 # 1. **reduce-scatter**: `world-1` steps; each rank sends one chunk to its right neighbour, receives one from

@@ -1,0 +1,361 @@
+# %% title [markdown]
+# # 15 · Scaling: throughput vs ranks, the cost of communication, the learning rate
+#
+# Data parallelism promises *N* times the samples per second on *N* devices. What it delivers is
+#
+# &nbsp;&nbsp;&nbsp;&nbsp;step time ≈ compute(per-rank batch) + the part of the all-reduce that backward did not hide,
+#
+# and the all-reduce grows with the **model** (every gradient, every step), not with the batch: a ring
+# all-reduce sends about 2·(N−1)/N × the gradients' bytes from every rank (lesson 03). So a model with much
+# compute per parameter scales well, and one with little (a wide, shallow layer; a small batch per rank) does
+# not. And devices must really be there: ranks that share cores only take turns. This lesson measures all of
+# it on this CPU machine, draws one DDP step as a timeline, and ends with what a larger global batch does to
+# the learning rate.
+#
+# Every model trains on `nbddp.datasets.digits()`: 1,797 real handwritten digits (8×8 pixels, 10 classes).
+
+# %% parameters tags=["parameters"]
+world_size = 2
+rank_counts = [1, 2, 4]
+steps = 20
+epochs = 3
+
+# %% load-ext
+# %load_ext nbddp
+import os
+cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+print(f"this machine gives the notebook {cores} CPU cores")
+if hasattr(os, "getloadavg"):   # timings are only as good as the machine is quiet
+    print(f"load average {os.getloadavg()[0]:.1f}: processes wanting a core, on average, over the last minute")
+
+# %% throughput [markdown]
+# ## 1 · Throughput vs ranks, and what a step is made of
+# One function, run as a job on 1, 2 and 4 ranks (`nbddp.run(fn, n=...)` returns each rank's return value).
+# Each rank uses **one** thread (`torch.set_num_threads(1)`: a rank is one core, as a rank is one GPU), takes
+# a batch of 32 digits per step (so the global batch grows with the ranks: *weak scaling*), and measures two
+# models: a **small** MLP (64→96→10, 7 K parameters, 28 KB of gradients) and a **wide** one
+# (64→512→512→512→10, 0.56 M parameters, 2.15 MB). For each it times
+# - `steps` DDP training steps: the job's throughput (samples per second over all ranks);
+# - the same steps under `no_sync()` (no all-reduce): the compute alone;
+# - one `all_reduce` of all the gradients, alone (the fastest of 20: on a busy machine the others include
+#   waiting for a peer that the OS has not scheduled): the communication.
+
+# %% throughput-code
+import nbddp
+
+def measure(steps):
+    import time, torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from nbddp.datasets import digits
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    X, y = digits("train")
+    batches = [(X[i:i + 32], y[i:i + 32]) for i in range(rank * 32, len(X) - 32, world * 32)]
+    widths = {"small": [64, 96, 10], "wide": [64, 512, 512, 512, 10]}
+    out = {}
+    for name, w in widths.items():
+        torch.manual_seed(0)
+        layers = [m for a, b in zip(w, w[1:]) for m in (torch.nn.Linear(a, b), torch.nn.ReLU())][:-1]
+        model = DDP(torch.nn.Sequential(*layers))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        def train(n, sync):
+            for i in range(n):
+                xb, yb = batches[i % len(batches)]
+                opt.zero_grad()
+                if sync:
+                    torch.nn.functional.cross_entropy(model(xb), yb).backward()
+                else:
+                    with model.no_sync():
+                        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+                opt.step()
+        train(3, True)                                   # warm up: DDP settles its buckets
+        times = {}
+        for sync in (True, False):
+            dist.barrier(); t0 = time.perf_counter()
+            train(steps, sync)
+            dist.barrier(); times[sync] = time.perf_counter() - t0
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        reduce_s = []
+        for _ in range(20):
+            dist.barrier(); t0 = time.perf_counter(); dist.all_reduce(grads); reduce_s.append(time.perf_counter() - t0)
+        seen = torch.tensor([steps * 32.0]); dist.all_reduce(seen)
+        out[name] = {"samples_per_s": seen.item() / times[True], "step_ms": times[True] / steps * 1e3,
+                     "compute_ms": times[False] / steps * 1e3, "allreduce_ms": min(reduce_s) * 1e3,
+                     "grad_mb": grads.numel() * 4 / 2**20, "samples": seen.item()}
+        del model, opt                   # DDP before its process group
+    dist.destroy_process_group()
+    return out
+
+scaling = {n: nbddp.run(measure, n=n, args=(steps,), timeout=120, sinks=[]).values[0] for n in rank_counts}
+for name in ("small", "wide"):
+    for n, v in scaling.items():
+        m = v[name]
+        print(f"{name:5} ({m['grad_mb']:.2f} MB of gradients) on {n} rank(s): {m['samples_per_s']:7.0f} samples/s; "
+              f"a step {m['step_ms']:6.2f} ms = compute {m['compute_ms']:6.2f} ms + all-reduce {m['allreduce_ms']:6.2f} ms alone")
+
+# %% throughput-plot
+import matplotlib.pyplot as plt
+fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.8))
+for i, name in enumerate(("small", "wide")):
+    one = scaling[rank_counts[0]][name]["samples_per_s"]
+    a.plot(rank_counts, [scaling[n][name]["samples_per_s"] / one for n in rank_counts], "o-", color=f"C{i}",
+           label=f"{name} ({scaling[1][name]['grad_mb']:.2f} MB of gradients)")
+a.plot(rank_counts, rank_counts, "k:", label="ideal (N×)")
+a.axvline(cores, color="0.6", linestyle="--"); a.annotate(f" {cores} cores", (cores, 1), color="0.4")
+a.set_xlabel("ranks"); a.set_ylabel("throughput / 1 rank's"); a.set_xticks(rank_counts); a.legend(fontsize=8)
+a.set_title("weak scaling: batch 32 per rank")
+labels, x = [], 0
+for name in ("small", "wide"):
+    for n in rank_counts:
+        m = scaling[n][name]
+        b.bar(x, m["compute_ms"], color="C0", label="compute (no_sync)" if x == 0 else None)
+        b.bar(x, m["allreduce_ms"], bottom=m["compute_ms"], color="C3", label="all-reduce of the gradients" if x == 0 else None)
+        b.plot(x, m["step_ms"], "k_", markersize=18, label="a measured DDP step" if x == 0 else None)
+        labels.append(f"{name}\n{n} rank{'s' * (n > 1)}"); x += 1
+b.set_xticks(range(len(labels)), labels, fontsize=8); b.set_ylabel("ms per step"); b.legend(fontsize=8)
+b.set_title("what a step costs")
+fig.tight_layout(); plt.show()
+
+# %% throughput-reading [markdown]
+# How to read it. The **small** model's gradients are a few KB: its all-reduce costs tens of microseconds,
+# and with 2 free cores the 2-rank job gets close to 2×. When other programs want the cores too (a load
+# average above the core count, printed at the top; the executed copy in docs/lessons was made on a shared,
+# busy machine), every number is slower and noisier, and a rank that the OS does not run holds up the
+# others at the next all-reduce: measure scaling on a quiet machine, several times. The **wide** model's
+# all-reduce moves megabytes every step and is a visible slice of the step (DDP hides part of it behind
+# backward, section 2, so the measured step is often less than the sum). On **4 ranks with 2 cores** the
+# ranks take turns on the cores: each step's compute is as slow as if done twice over, the all-reduce has to
+# wait for a rank that is not running, and throughput stops growing or falls. The same happens on GPUs
+# when the interconnect (PCIe instead of NVLink, Ethernet between nodes) is slow next to the compute: the
+# cure is fewer, larger all-reduces (`no_sync()` accumulation, lesson 08; larger buckets), more compute per
+# step (a larger per-rank batch), or sharding (FSDP, lesson 14) when memory, not speed, is the limit.
+
+# %% timeline [markdown]
+# ## 2 · One DDP step, as a timeline
+# The wide model on `world_size` ranks, with `bucket_cap_mb=0.25` so its gradients travel in several buckets (a 512×512 layer is 1 MB).
+# Each rank records, against one clock (`time.time()` after a barrier: both ranks run on this machine), when
+# forward, backward and `opt.step()` start and end, and, through a communication hook (lesson 12), when each
+# bucket's all-reduce is launched and when it completes.
+
+# %% timeline-ddp
+# %%ddp -n $world_size --timeout 90 --pull events
+import time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from nbddp.datasets import digits
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+X, y = digits("train")
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)), bucket_cap_mb=0.25)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+events = []
+
+def timed_average(state, bucket):
+    started = time.time()
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    def done(f):
+        events.append(("all-reduce", f"bucket {bucket.index()}", started, time.time()))
+        return f.value()[0] / world
+    return fut.then(done)
+model.register_comm_hook(None, timed_average)
+
+for step in range(4):                     # the last step is drawn; the first ones settle the buckets
+    xb, yb = X[(2 * step + rank) * 32:][:32], y[(2 * step + rank) * 32:][:32]
+    events.clear()
+    dist.barrier()
+    t = time.time(); out = model(xb); loss = torch.nn.functional.cross_entropy(out, yb)
+    events.append(("compute", "forward", t, time.time()))
+    t = time.time(); opt.zero_grad(); loss.backward()
+    events.append(("compute", "backward", t, time.time()))
+    t = time.time(); opt.step()
+    events.append(("compute", "opt.step", t, time.time()))
+print(f"rank {rank}: " + ", ".join(f"{what} {(end - start) * 1e3:.1f} ms" for _, what, start, end in events))
+del model
+dist.destroy_process_group()
+
+# %% timeline-plot
+t0 = min(start for per_rank in events for _, _, start, _ in per_rank)
+colors = {"forward": "C0", "backward": "C1", "opt.step": "C2"}
+rows = []                                   # per rank: its compute, then one row per bucket
+for r, per_rank in enumerate(events):
+    rows += [(r, "compute")] + sorted({(r, what) for kind, what, *_ in per_rank if kind == "all-reduce"})
+fig, ax = plt.subplots(figsize=(12, 0.8 + 0.42 * len(rows)))
+for r, per_rank in enumerate(events):
+    for kind, what, start, end in per_rank:
+        row = rows.index((r, "compute" if kind == "compute" else what))
+        ax.barh(row, (end - start) * 1e3, left=(start - t0) * 1e3, height=0.7, color=colors.get(what, "C3"),
+                edgecolor="k", alpha=0.85)
+ax.set_yticks(range(len(rows)), [f"rank {r} {what}" + (" all-reduce" if what != "compute" else "") for r, what in rows],
+              fontsize=8)
+ax.invert_yaxis(); ax.set_xlabel("ms since the step began")
+ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in (*colors.values(), "C3")],
+          labels=[*colors, "a bucket's all-reduce (launched → done)"], fontsize=8, ncol=4,
+          loc="upper center", bbox_to_anchor=(0.5, -0.28))
+ax.set_title("one DDP step: buckets all-reduce while backward is still computing; opt.step waits for the last")
+fig.tight_layout(); plt.show()
+
+# %% timeline-reading [markdown]
+# Backward computes the **last** layer's gradients first; as soon as a bucket is full, DDP launches its
+# all-reduce, and backward goes on with the earlier layers meanwhile. `loss.backward()` returns only when
+# every bucket has been reduced, so the last bucket's all-reduce is exposed: nothing is left to hide it
+# behind. `opt.step()` then runs on gradients that are the same on every rank. Ranks that start a step at
+# different times (one slower core, one larger batch, a rank the OS did not run for a while) meet in the
+# first all-reduce: the faster one waits
+# there, which a timeline shows as a long all-reduce bar on the faster rank.
+
+# %% lr [markdown]
+# ## 3 · The learning rate when the global batch grows
+# With DDP the **global** batch is per-rank batch × ranks: each step averages more samples, and an epoch
+# has fewer steps. Keeping the single-device learning rate, the model takes as many steps fewer and learns
+# less per epoch. The **linear scaling rule** (Goyal et al., 2017, "ImageNet in 1 hour") multiplies the
+# learning rate by the growth of the global batch, with a warm-up of a few epochs at large factors; it
+# holds for SGD up to a point (it breaks down for very large batches), and for Adam a √k factor is the
+# common starting point.
+#
+# The baseline: one device, batch 16, `lr=0.1`, in the notebook. Then a job on `world_size` ranks with 64
+# per rank — a global batch of 128, 8× larger (the same as 8 GPUs with 16 each) — trains twice: with the
+# baseline's `lr` and with `8 × lr`.
+
+# %% lr-single
+import torch
+from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
+from nbddp.datasets import digits
+torch.set_num_threads(1)      # a model this small runs fastest on one thread (and on a busy machine, much)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train = TensorDataset(*digits("train"))
+order = DistributedSampler(train, num_replicas=1, rank=0, seed=0)
+baseline = []
+for epoch in range(epochs):
+    order.set_epoch(epoch)
+    total = 0.0
+    for xb, yb in DataLoader(train, batch_size=16, sampler=order):
+        opt.zero_grad(); loss = torch.nn.functional.cross_entropy(model(xb), yb); loss.backward(); opt.step()
+        total += loss.item() * len(xb)
+    baseline.append(total / len(train))
+print("one device, batch 16, lr 0.1: losses", [round(l, 3) for l in baseline])
+
+# %% lr-ddp
+# %%ddp -n $world_size --timeout 90 --pull curves@0 -- --epochs $epochs --lrs 0.1 0.8
+import argparse, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
+from nbddp.datasets import digits
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int); parser.add_argument("--lrs", type=float, nargs="+")
+args = parser.parse_args()
+dist.init_process_group("gloo")
+world = dist.get_world_size()
+train = TensorDataset(*digits("train"))
+curves = {}
+for lr in args.lrs:
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    sampler = DistributedSampler(train, seed=0)
+    curves[lr] = []
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        stats = torch.zeros(2)
+        for xb, yb in DataLoader(train, batch_size=128 // world, sampler=sampler):
+            opt.zero_grad(); loss = torch.nn.functional.cross_entropy(model(xb), yb); loss.backward(); opt.step()
+            stats += torch.tensor([loss.item() * len(xb), len(xb)])
+        dist.all_reduce(stats)
+        curves[lr].append((stats[0] / stats[1]).item())
+    if dist.get_rank() == 0:
+        print(f"global batch 128, lr {lr}: losses {[round(l, 3) for l in curves[lr]]}")
+    del model
+dist.destroy_process_group()
+
+# %% lr-plot
+fig, ax = plt.subplots(figsize=(7, 3.4))
+ax.plot(range(1, epochs + 1), baseline, "k-o", label="1 device, batch 16, lr 0.1")
+for lr, c in zip(curves, ("C3", "C2")):
+    ax.plot(range(1, epochs + 1), curves[lr], "-o", color=c, label=f"{world_size} ranks × 64 = batch 128, lr {lr}")
+ax.set_xlabel("epoch"); ax.set_ylabel("training loss (cross-entropy)"); ax.set_xticks(range(1, epochs + 1))
+ax.legend(fontsize=8); ax.set_title("a global batch 8× larger needs about 8× the learning rate (SGD)")
+fig.tight_layout(); plt.show()
+
+# %% check [markdown]
+# ## Check
+
+# %% check-code
+for n, v in scaling.items():
+    for name, m in v.items():
+        assert m["samples"] == n * steps * 32, (n, name, m)                       # weak scaling: 32 per rank per step
+        assert m["samples_per_s"] > 0 and m["compute_ms"] > 0, (n, name, m)
+assert abs(scaling[1]["wide"]["grad_mb"] - 2.15) < 0.01 and scaling[1]["small"]["grad_mb"] < 0.03, scaling[1]
+two = scaling[2]
+# 78× the bytes; on a quiet machine ~10× the time, on a busy one the small all-reduce is mostly waiting for
+# the peer to be scheduled (the fastest of 20 was 0.8 ms against 1.5 ms once, at load 18 on 2 cores)
+assert two["wide"]["allreduce_ms"] > two["small"]["allreduce_ms"], two      # communication grows with the model
+assert two["wide"]["compute_ms"] > two["small"]["compute_ms"], two
+for r, per_rank in enumerate(events):
+    compute = {what: (start, end) for kind, what, start, end in per_rank if kind == "compute"}
+    buckets = [(start, end) for kind, _, start, end in per_rank if kind == "all-reduce"]
+    assert len(buckets) >= 3, per_rank                                            # bucket_cap_mb=0.25: several buckets
+    assert min(start for start, _ in buckets) < compute["backward"][1], per_rank  # the first launched during backward
+    assert max(end for _, end in buckets) <= compute["opt.step"][0], per_rank     # opt.step after the last one
+unscaled, scaled = curves[0.1], curves[0.8]
+assert scaled[-1] < unscaled[-1], (scaled, unscaled)
+assert abs(scaled[-1] - baseline[-1]) < abs(unscaled[-1] - baseline[-1]), (baseline, scaled, unscaled)
+print(f"ok: {len(rank_counts)} world sizes measured; the wide model's all-reduce "
+      f"{two['wide']['allreduce_ms']:.2f} ms vs the small one's {two['small']['allreduce_ms']:.3f} ms on 2 ranks; "
+      f"buckets reduced during backward; last-epoch loss: baseline {baseline[-1]:.3f}, "
+      f"batch 128 with lr 0.1 {unscaled[-1]:.3f}, with lr 0.8 {scaled[-1]:.3f}")
+
+# %% exercise [markdown]
+# ## Exercise
+# Try the square-root rule on the same job: a global batch 8× larger with `lr = 0.1 × √8` (≈ 0.283). Where
+# does its last-epoch loss land, next to the unscaled (0.1) and the linearly scaled (0.8) runs?
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your run here: the cell of section 3 again, with --lrs 0.283 and --pull sqrt_curves@0
+# (rename `curves` to `sqrt_curves` in your copy, or add a line `sqrt_curves = curves`).
+
+# %% solution [markdown]
+# ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
+
+# %% solution-ddp tags=["solution"]
+# %%ddp -n $world_size --timeout 90 --pull sqrt_curves@0 -- --epochs $epochs --lr 0.283
+import argparse, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
+from nbddp.datasets import digits
+parser = argparse.ArgumentParser(); parser.add_argument("--epochs", type=int); parser.add_argument("--lr", type=float)
+args = parser.parse_args()
+dist.init_process_group("gloo")
+train = TensorDataset(*digits("train"))
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+sampler = DistributedSampler(train, seed=0)
+sqrt_curves = {args.lr: []}
+for epoch in range(args.epochs):
+    sampler.set_epoch(epoch)
+    stats = torch.zeros(2)
+    for xb, yb in DataLoader(train, batch_size=128 // dist.get_world_size(), sampler=sampler):
+        opt.zero_grad(); loss = torch.nn.functional.cross_entropy(model(xb), yb); loss.backward(); opt.step()
+        stats += torch.tensor([loss.item() * len(xb), len(xb)])
+    dist.all_reduce(stats)
+    sqrt_curves[args.lr].append((stats[0] / stats[1]).item())
+if dist.get_rank() == 0:
+    print(f"global batch 128, lr {args.lr}: losses {[round(l, 3) for l in sqrt_curves[args.lr]]}")
+del model
+dist.destroy_process_group()
+
+# %% check-answer tags=["check"]
+assert "sqrt_curves" in globals(), "✗ nothing to check yet: your cell should end with --pull sqrt_curves@0"
+((lr, mine),) = sqrt_curves.items()
+assert abs(lr - 0.1 * 8 ** 0.5) < 0.01, f"✗ the learning rate was {lr}, not 0.1 × √8 ≈ 0.283"
+assert len(mine) == epochs, f"✗ {len(mine)} epochs, not {epochs}: pass --epochs $epochs"
+assert scaled[-1] < mine[-1] < unscaled[-1], f"✗ its last loss {mine[-1]:.3f} is not between the linear rule's {scaled[-1]:.3f} and the unscaled {unscaled[-1]:.3f}: same model, seed, sampler and batch 128?"
+print(f"✓ √k scaling lands in between: last-epoch loss {unscaled[-1]:.3f} (lr 0.1) > {mine[-1]:.3f} (lr {lr}) > {scaled[-1]:.3f} (lr 0.8)")
