@@ -4,6 +4,7 @@ the result as ``_ddp``, moves ``--push``/``--pull`` values, and raises: a rank's
 DDPError, bad input as IPython's UsageError (one line; the only place nbddp raises it)."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 
@@ -118,10 +119,13 @@ class DDPMagics(Magics):
 
 def install_interrupt_line(shell) -> None:
     """From the moment the kernel takes a message, the stop button is counted, not raised
-    (nbddp.sources.supervisor.defer_sigint_early); a ``%%ddp`` cell hands the count to its launch, which
-    stops its ranks as for any interrupt, so the cell ends in one line however early the
-    interrupt came (even before IPython has parsed the cell). Any other cell gets its interrupt
-    back at once as Python's own KeyboardInterrupt."""
+    (nbddp.sources.supervisor.count_sigint_from_now); a ``%%ddp`` cell hands the count to its
+    launch, which stops its ranks as for any interrupt, so the cell ends in one line however early
+    the interrupt came (even before IPython has parsed the cell). Any other cell gets Python's
+    handler back, and an interrupt that came before its code began raises KeyboardInterrupt at its
+    first line (raised in ipykernel's code instead, it would end the message with no reply).
+    After a ``%%ddp`` cell the counting handler stays until ipykernel restores its idle one: an
+    interrupt after the launch ended has nothing left to stop."""
     kernel = getattr(shell, "kernel", None)
     original_pre = getattr(kernel, "pre_handler_hook", None)
     original_exec = getattr(kernel, "do_execute", None)
@@ -129,22 +133,49 @@ def install_interrupt_line(shell) -> None:
         return
 
     def pre_handler_hook():
-        original_pre()
-        supervisor.defer_sigint_early()
+        try:  # what ipykernel's hook does (keep the idle handler), with ours in its place
+            kernel.saved_sigint_handler = supervisor.count_sigint_from_now()
+        except ValueError:
+            original_pre()
 
     async def do_execute(code, *args, **kwargs):
         ours = isinstance(code, str) and code.lstrip().startswith("%%ddp")
+        early = None
         if not ours:
-            supervisor.restore_sigint_early(redeliver=True)
+            if supervisor.take_sigint_early():
+                early = _InterruptFirst(shell)
+            supervisor.restore_sigint_early()
         try:
             reply = original_exec(code, *args, **kwargs)
             if inspect.isawaitable(reply):
                 reply = await reply
             return reply
         finally:
-            if ours:
-                supervisor.restore_sigint_early()
+            if early is not None:
+                early.remove()
 
     do_execute._nbddp = True
     kernel.pre_handler_hook = pre_handler_hook
     kernel.do_execute = do_execute
+
+
+class _InterruptFirst(ast.NodeTransformer):
+    """One cell's code made into ``raise KeyboardInterrupt`` (the stop button came before it
+    began), as IPython's AST transformers run: the interrupt is raised where IPython shows it
+    as any cell's, and the kernel replies as usual."""
+
+    def __init__(self, shell):
+        self.shell, self.done = shell, False
+        shell.ast_transformers.append(self)  # removed by do_execute, not while IPython loops over them
+
+    def visit_Module(self, node):
+        if self.done:
+            return node
+        self.done = True
+        raised = ast.Raise(exc=ast.Call(func=ast.Name("KeyboardInterrupt", ast.Load()), args=[], keywords=[]))
+        node.body = [ast.copy_location(raised, node.body[0]) if node.body else raised]
+        return ast.fix_missing_locations(node)
+
+    def remove(self) -> None:
+        if self in self.shell.ast_transformers:
+            self.shell.ast_transformers.remove(self)

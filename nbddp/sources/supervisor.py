@@ -173,7 +173,7 @@ class Supervisor:
         source = self.source
         error = None
         with self._sigint_as_flag():
-            self.interrupts, _early["count"] = self.interrupts + _early["count"], 0  # came before
+            self.interrupts += take_sigint_early()  # came before the launch began
             register(source)
             try:
                 self.state = STARTING
@@ -318,28 +318,31 @@ def _count_early(signum, frame):
     _early["count"] += 1
 
 
-def defer_sigint_early() -> bool:
+def count_sigint_from_now():
     """Count SIGINTs from now on, for the next launch to act on (the kernel has taken a
-    message; see nbddp/magic.py). False where SIGINT is not Python's default handler."""
-    try:
-        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-            return False
-        _early["count"], _early["previous"] = 0, signal.signal(signal.SIGINT, _count_early)
-        return True
-    except ValueError:
-        return False
+    message; see nbddp/magic.py), and return the handler this replaced. One ``signal()`` call:
+    were Python's handler installed first (as ipykernel's own hook does) and ours after, a
+    SIGINT between the two would raise KeyboardInterrupt outside any handler's ``try``, where
+    ipykernel's event loop takes it for Ctrl-C in a terminal and the kernel exits. ValueError
+    off the main thread."""
+    _early["count"], _early["previous"] = 0, signal.default_int_handler
+    return signal.signal(signal.SIGINT, _count_early)
 
 
-def restore_sigint_early(redeliver: bool = False) -> None:
-    """Python's handler again; with ``redeliver``, an interrupt counted meanwhile is raised now."""
+def take_sigint_early() -> int:
+    """The interrupts counted since the kernel took the message (and no more counted)."""
     count, _early["count"] = _early["count"], 0
+    return count
+
+
+def restore_sigint_early() -> None:
+    """Python's handler again, where the counting one is installed; what was counted is dropped."""
+    _early["count"] = 0
     try:
         if signal.getsignal(signal.SIGINT) is _count_early:
             signal.signal(signal.SIGINT, _early["previous"])
     except ValueError:
-        return
-    if redeliver and count:
-        os.kill(os.getpid(), signal.SIGINT)
+        pass
 
 
 @contextmanager
