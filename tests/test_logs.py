@@ -55,3 +55,22 @@ def test_default_logs_are_bounded_private_and_go_with_the_kernel(tmp_path):
         k.shutdown()  # SIGKILL: no atexit in the kernel
     assert wait_until(lambda: not os.path.exists(root) and not os.path.exists(push_dir), 10)
     assert (mine / "rank0.stdout").exists() and (mine / "cell.py").exists()  # the user's: kept
+
+
+def test_a_long_tmpdir_still_runs_cells(tmp_path):
+    """A TMPDIR so long that multiprocess's socket in it would pass a Unix socket's 107 bytes
+    (a cluster job's scratch folder; pytest-xdist's folders): the cell runs, and the socket's
+    folder made elsewhere goes with the kernel."""
+    deep = tmp_path / ("scratch-" + "x" * 40) / ("job-" + "y" * 40)
+    deep.mkdir(parents=True)
+    assert len(str(deep)) + len("/pymp-12345678/listener-12345678") > 107
+    k = Kernel(cwd=str(tmp_path), env=dict(os.environ, TMPDIR=str(deep)))
+    try:
+        k.ok("%load_ext nbddp")
+        reply = k.ok("%%ddp -n 2\nprint('ran')", timeout=180)
+        assert "[rank0]:ran" in reply.stdout and "[rank1]:ran" in reply.stdout, reply.text
+        folder = k.ok("import multiprocess.util as u; print(u.get_temp_dir())").stdout.strip()
+        assert len(folder) < 60 and os.path.isdir(folder), folder
+    finally:
+        k.shutdown()
+    assert wait_until(lambda: not os.path.exists(folder), 15), f"{folder} left after the kernel ended"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -29,12 +30,32 @@ def context(start_method: str = "forkserver"):
     if start_method == "forkserver":
         with _lock:
             if not _preload_set:
+                _short_socket_folder()
                 # first, before torch: NBDDP_PRIVATE_NET=1 moves the forkserver into a private
                 # network (nbddp/forkserver/privnet.py), decided once per kernel, here
                 privnet.requested()
                 ctx.set_forkserver_preload(["nbddp.forkserver.serve_private_net"] + PRELOAD)
                 _preload_set = True
     return ctx
+
+
+UNIX_PATH_MAX = 107  # a Unix socket's path: 108 bytes with the closing NUL
+
+
+def _short_socket_folder() -> None:
+    """multiprocess puts the forkserver's socket in a ``pymp-*`` folder of TMPDIR; under a long
+    TMPDIR (a cluster job's scratch folder, a test's) the socket's path passes 107 bytes and the
+    first cell would fail deep inside with "AF_UNIX path too long". Then that folder (private,
+    0700, removed with the kernel) is made where a path is short, as Python 3.12's
+    multiprocessing does."""
+    config = multiprocess.process.current_process()._config
+    socket_path = os.path.join(tempfile.gettempdir(), "pymp-" + "x" * 8, "listener-" + "x" * 8)
+    if config.get("tempdir") or len(os.fsencode(socket_path)) <= UNIX_PATH_MAX:
+        return
+    for base in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            config["tempdir"] = tempfile.mkdtemp(prefix="pymp-", dir=base)
+            return
 
 
 _children: dict[int, subprocess.Popen] = {}  # kept, so nothing reaps them behind multiprocess
