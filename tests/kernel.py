@@ -54,7 +54,7 @@ class Kernel:
     def converse(self, code: str, answer, timeout: float = 120) -> Reply:
         """Execute ``code`` as a front end with an input box does: each ``input_request`` (as
         ``input()`` in a cell sends) is answered with ``answer(prompt, reply_so_far)``, typed in
-        as an ``input_reply``; the prompts are in ``reply.prompts``."""
+        as an ``input_reply`` (None: left unanswered); the prompts are in ``reply.prompts``."""
         msg_id = self.kc.execute(code, allow_stdin=True)
         return self.collect(msg_id, timeout, stdin=answer)
 
@@ -105,7 +105,9 @@ class Kernel:
             return
         prompt = request["content"]["prompt"]
         reply.prompts.append(prompt)
-        self.kc.input(answer(prompt, reply))
+        line = answer(prompt, reply)
+        if line is not None:
+            self.kc.input(line)
 
     def start_until(self, code: str, done, timeout: float = 60) -> str:
         """Execute ``code`` without waiting for its end: return its stdout so far as soon as

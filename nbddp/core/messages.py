@@ -20,7 +20,9 @@ DISPLAY = "display"            # display() / plt.show() in the rank: (mime bundl
 BEGAN = "began"                # a pool rank started the cell just sent (SIGINT is for it now); none
 DONE = "done"                  # a pool rank ended that cell: (DONE_OK | DONE_INTERRUPTED | DONE_ERROR)
 ASK = "ask"                    # the rank reads its stdin (input(), pdb): (ask id, prompt, ASK_INPUT |
-                               # ASK_DEBUGGER | ASK_POST_MORTEM); it blocks until ANSWER / NO_ANSWER
+                               # ASK_DEBUGGER | ASK_POST_MORTEM); it blocks until ANSWER / NO_ANSWER.
+                               # prompt None: its debugger waits for its turn (shows nothing before)
+LEFT_DEBUGGER = "left_debugger"  # `c` or `q` (or the post-mortem's end): the input box is free; none
 
 # ------------------------------------------------------------- kernel → rank (the same pipe, duplex)
 EXEC = "exec"                  # run a cell: (nbddp.core.job.Cell)

@@ -45,33 +45,54 @@ def install(ctl, rank: int) -> None:
 
 def ask(prompt: str) -> str:
     """The line typed in the notebook for ``prompt`` (without its newline)."""
-    purpose = (msg.ASK_POST_MORTEM if _STATE["post_mortem"] else msg.ASK_DEBUGGER) if _STATE["debugging"] \
-        else msg.ASK_INPUT
+    purpose = _purpose()
+    shown = prompt if purpose != msg.ASK_INPUT else f"[rank {_STATE['rank']}] {prompt}"
+    reply = _request(shown, purpose)
+    if reply[0] == msg.ANSWER:
+        return reply[2]
+    if purpose == msg.ASK_INPUT:
+        shown = f"input({prompt!r}): " if prompt else "input(): "
+        raise NoStdin(shown + MESSAGE)
+    _refused(reply)
+
+
+def _purpose() -> str:
+    if not _STATE["debugging"]:
+        return msg.ASK_INPUT
+    return msg.ASK_POST_MORTEM if _STATE["post_mortem"] else msg.ASK_DEBUGGER
+
+
+def _take_turn() -> None:
+    """Before the debugger shows anything: wait for this rank's turn at the input box (another
+    rank may be in the debugger), or fail at once where no one can answer."""
+    reply = _request(None, _purpose())
+    if reply[0] != msg.ANSWER:
+        _refused(reply)
+
+
+def _refused(reply):
+    if reply[2] == msg.NOT_FIRST:
+        raise _NotFirst()
+    raise NoDebugger(f"breakpoint(): {NO_DEBUGGER}")
+
+
+def _request(prompt: str | None, purpose: str):
+    """Send msg.ASK (``prompt`` None: only the turn) and wait for its answer."""
     for stream in (sys.stdout, sys.stderr):  # what came before the prompt is shown before it
         try:
             stream.flush()
         except Exception:
             pass
-    ctl = _STATE["ctl"]
     with _lock:
         ask_id = next(_ids)
-        shown = prompt if purpose != msg.ASK_INPUT else f"[rank {_STATE['rank']}] {prompt}"
         try:
-            ctl.send((msg.ASK, ask_id, shown, purpose))
+            _STATE["ctl"].send((msg.ASK, ask_id, prompt, purpose))
             while True:
-                reply = ctl.recv()
+                reply = _STATE["ctl"].recv()
                 if reply[0] in (msg.ANSWER, msg.NO_ANSWER) and reply[1] == ask_id:
-                    break
+                    return reply
         except (EOFError, OSError, AttributeError):  # the kernel is gone (or no pipe at all)
-            reply = (msg.NO_ANSWER, ask_id, msg.NO_FRONTEND)
-    if reply[0] == msg.ANSWER:
-        return reply[2]
-    if reply[2] == msg.NOT_FIRST:
-        raise _NotFirst()
-    if purpose == msg.ASK_INPUT:
-        shown = f"input({prompt!r}): " if prompt else "input(): "
-        raise NoStdin(shown + MESSAGE)
-    raise NoDebugger(f"breakpoint(): {NO_DEBUGGER}")
+            return (msg.NO_ANSWER, ask_id, msg.NO_FRONTEND)
 
 
 def ask_input(prompt="") -> str:  # replaces the builtin inside this rank only
@@ -109,12 +130,31 @@ class RankPdb(pdb.Pdb):
     def interaction(self, *args, **kwargs):
         _STATE["debugging"] += 1
         try:
+            _take_turn()
             return super().interaction(*args, **kwargs)
         finally:
             _STATE["debugging"] -= 1
 
     def _cmdloop(self):
         self.cmdloop()  # pdb's own catches KeyboardInterrupt and asks again
+
+    def set_continue(self):
+        super().set_continue()
+        _left()
+
+    def set_quit(self):
+        super().set_quit()
+        _left()
+
+
+def _left() -> None:
+    """The user let this rank go (`c`, `q`): another rank may have the input box (`n`, `s`
+    keep it: the rank asks again at its next line)."""
+    try:
+        with _lock:
+            _STATE["ctl"].send((msg.LEFT_DEBUGGER,))
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def post_mortem(tb) -> None:
@@ -132,3 +172,4 @@ def post_mortem(tb) -> None:
         pass
     finally:
         _STATE["post_mortem"] = False
+        _left()

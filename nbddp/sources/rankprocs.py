@@ -219,12 +219,15 @@ class RankProcs:
             self.emit("display", res.rank, message[1])
         elif kind == msg.ASK:  # input() or pdb: the supervisor's prompts (nbddp/sources/asking.py)
             self.asked.append((res.rank, *message[1:]))
+        elif kind == msg.LEFT_DEBUGGER:
+            self.asked.append((res.rank, None, None, msg.LEFT_DEBUGGER))
         else:
             self.on_message(rank, message)
 
     # ---------------------------------------------------------------- prompts
     def take_asked(self) -> list[tuple]:
-        """The ranks' prompts since the last call: (rank number, ask id, prompt, purpose)."""
+        """The ranks' prompts since the last call: (rank number, ask id, prompt, purpose), and
+        (rank number, None, None, msg.LEFT_DEBUGGER) where a rank's user left its debugger."""
         asked, self.asked = self.asked, []
         return asked
 
