@@ -49,6 +49,8 @@ def ask(prompt: str) -> str:
     shown = prompt if purpose != msg.ASK_INPUT else f"[rank {_STATE['rank']}] {prompt}"
     reply = _request(shown, purpose)
     if reply[0] == msg.ANSWER:
+        if reply[2] == "\x04":  # end of input, as ipykernel's input() takes it (leaves pdb's `interact`)
+            raise EOFError
         return reply[2]
     if purpose == msg.ASK_INPUT:
         shown = f"input({prompt!r}): " if prompt else "input(): "
