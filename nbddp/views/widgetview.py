@@ -211,6 +211,14 @@ class WidgetView(Sink):
             pane.dirty = True
 
     def asking(self, rank, waiting, purpose):
+        """A rank at a prompt in the input box: banner, chips, and its pane in front (its pdb listing)."""
+        if rank is not None and rank != self._asking[0] and rank in self.panes:
+            index = self.order.index(rank)
+            if isinstance(self.selector, W.Tab):
+                self.selector.selected_index = index
+            else:
+                self.selector.index = index
+                self.stack.selected_index = index
         self._asking = (rank, list(waiting), purpose)
         self._push_header()
 
