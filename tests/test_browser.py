@@ -117,6 +117,27 @@ def lab(tmp_path):
     log.close()
 
 
+def run_all(browser, url):
+    """A page with the notebook at ``url`` open, its kernel idle, and Run All Cells clicked."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page.goto(url, timeout=90_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    # the kernel is connected and idle before anything runs
+    expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
+    first_prompt = page.locator(".jp-Cell").nth(0).locator(".jp-InputPrompt")
+    for attempt in range(3):  # a click that lands while Lab is still settling can be lost
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_text("Run All Cells", exact=True).click()
+        try:
+            expect(first_prompt).to_contain_text("[1]", timeout=20_000)
+            return page
+        except AssertionError:
+            if attempt == 2:
+                raise
+
+
 def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
     from playwright.sync_api import expect, sync_playwright
 
@@ -126,21 +147,7 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            page.goto(f"{base}/lab/tree/ddp.ipynb?token={token}", timeout=90_000)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            # the kernel is connected and idle before anything runs
-            expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
-            first_prompt = page.locator(".jp-Cell").nth(0).locator(".jp-InputPrompt")
-            for attempt in range(3):  # a click that lands while Lab is still settling can be lost
-                page.get_by_role("menuitem", name="Run", exact=True).click()
-                page.get_by_text("Run All Cells", exact=True).click()
-                try:
-                    expect(first_prompt).to_contain_text("[1]", timeout=20_000)
-                    break
-                except AssertionError:
-                    if attempt == 2:
-                        raise
+            page = run_all(browser, f"{base}/lab/tree/ddp.ipynb?token={token}")
             view = page.locator(".nbddp-view").nth(0)
             expect(view).to_be_visible(timeout=60_000)
             # live: while the cell runs, rank 1 (which sleeps longer) shows as running, and the
@@ -273,20 +280,7 @@ def test_a_ranks_debugger_prompt_is_in_jupyterlabs_input_box_and_the_answer_reac
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            page.goto(f"{base}/lab/tree/debug.ipynb?token={token}", timeout=90_000)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
-            first_prompt = page.locator(".jp-Cell").nth(0).locator(".jp-InputPrompt")
-            for attempt in range(3):  # a click that lands while Lab is still settling can be lost
-                page.get_by_role("menuitem", name="Run", exact=True).click()
-                page.get_by_text("Run All Cells", exact=True).click()
-                try:
-                    expect(first_prompt).to_contain_text("[1]", timeout=20_000)
-                    break
-                except AssertionError:
-                    if attempt == 2:
-                        raise
+            page = run_all(browser, f"{base}/lab/tree/debug.ipynb?token={token}")
             box = page.locator(".jp-Stdin-input")
             expect(box).to_be_visible(timeout=90_000)
             expect(page.locator(".jp-Stdin-prompt").last).to_contain_text("(Pdb rank 1)")
