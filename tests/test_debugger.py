@@ -97,11 +97,13 @@ def test_pdb_opens_the_first_failing_rank_at_its_failing_frame(kernel):
 
 
 def test_input_in_a_rank_asks_in_the_notebook_naming_the_rank(kernel):
-    reply = kernel.converse("%%ddp -n 2\nimport os\nif os.environ['RANK'] == '1':\n"
-                            "    lr = float(input('lr? '))\n    print('got', lr * 2)", lambda p, r: "0.25")
+    reply = kernel.converse("%%ddp -n 2\nimport os, sys\nif os.environ['RANK'] == '1':\n"
+                            "    lr = float(input('lr? '))\n    print('got', lr * 2)\n"
+                            "    print('line', repr(sys.stdin.readline()))",
+                            lambda p, r: "0.25" if "lr" in p else "from stdin")
     assert reply.status == "ok", reply.text + str(reply.error)
-    assert reply.prompts == ["[rank 1] lr? "], reply.prompts
-    assert "[rank1]:got 0.5" in reply.text, reply.text
+    assert reply.prompts == ["[rank 1] lr? ", "[rank 1] "], reply.prompts
+    assert "[rank1]:got 0.5" in reply.text and "[rank1]:line 'from stdin\\n'" in reply.text, reply.text
 
 
 def test_time_at_the_prompt_is_not_a_timeout_nor_a_hang(kernel):
@@ -126,11 +128,12 @@ def test_time_at_the_prompt_is_not_a_timeout_nor_a_hang(kernel):
 
 def test_no_front_end_breakpoint_and_input_fail_at_once(kernel):
     """papermill / nbclient (allow_stdin False): the immediate, clear errors of before."""
-    reply = kernel.execute("%%ddp -n 2\nimport os\nif os.environ['RANK'] == '1':\n    breakpoint()\n"
-                           "    x = 1", allow_stdin=False, timeout=60)
+    reply = kernel.execute("%%ddp -n 2\nimport os, sys\nif os.environ['RANK'] == '1':\n    breakpoint()\n"
+                           "    x = 1\nprint('stdin', repr(sys.stdin.readline()))", allow_stdin=False, timeout=60)
     assert reply.error and reply.error["ename"] == "DDPError", reply.text
     text = "\n".join(reply.error["traceback"])
     assert "rank 1: failed (NoDebugger: breakpoint(): no front end can answer the debugger here" in text, text
+    assert "[rank0]:stdin ''" in reply.text, reply.text   # sys.stdin is at its end, as /dev/null was
     assert reply.elapsed < 30, reply.elapsed
     assert not reply.prompts
 

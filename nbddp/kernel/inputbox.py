@@ -12,6 +12,7 @@ kernel has none): ``InputBox.for_this_cell()`` is None otherwise.
 from __future__ import annotations
 
 import sys
+import threading
 
 
 class InputBox:
@@ -23,7 +24,10 @@ class InputBox:
 
     @classmethod
     def for_this_cell(cls) -> "InputBox | None":
-        """The running cell's front end, if it can answer input requests; else None."""
+        """The running cell's front end, if it can answer input requests; else None (also for a
+        launch from another thread: the cell's request, and the stop button, are the main thread's)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
         try:
             from IPython import get_ipython
         except ImportError:
@@ -33,9 +37,11 @@ class InputBox:
                 or getattr(kernel, "stdin_socket", None) is None or getattr(kernel, "session", None) is None:
             return None
         try:
-            return cls(kernel, kernel._parent_ident["shell"], kernel.get_parent("shell"))
+            parent = kernel.get_parent("shell")
+            box = cls(kernel, kernel._parent_ident["shell"], parent)
         except Exception:  # an ipykernel without these: no input box, as under papermill
             return None
+        return box if parent and parent.get("header") else None
 
     def ask(self, prompt: str) -> None:
         """Show ``prompt`` in the input box (what the kernel printed before goes out first)."""

@@ -102,13 +102,17 @@ def ask_input(prompt="") -> str:  # replaces the builtin inside this rank only
 
 
 class NotebookStdin(io.TextIOBase):
-    """sys.stdin: each line read is asked for in the notebook."""
+    """sys.stdin: each line read is asked for in the notebook; where no one can answer it is at
+    its end, as the /dev/null it replaces was."""
 
     def readable(self) -> bool:
         return True
 
     def readline(self, size=-1) -> str:
-        return ask("") + "\n"
+        try:
+            return ask("") + "\n"
+        except EOFError:
+            return ""
 
     def read(self, size=-1) -> str:
         return self.readline()
