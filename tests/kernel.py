@@ -58,6 +58,19 @@ class Kernel:
         msg_id = self.kc.execute(code, allow_stdin=True)
         return self.collect(msg_id, timeout, stdin=answer)
 
+    def _answer_stdin(self, msg_id: str, reply: Reply, answer) -> None:
+        try:
+            request = self.kc.get_stdin_msg(timeout=0.05)
+        except queue.Empty:
+            return
+        if request["msg_type"] != "input_request" or request["parent_header"].get("msg_id") != msg_id:
+            return
+        prompt = request["content"]["prompt"]
+        reply.prompts.append(prompt)
+        line = answer(prompt, reply)
+        if line is not None:
+            self.kc.input(line)
+
     def collect(self, msg_id: str, timeout: float = 120, on_output=None, stdin=None) -> Reply:
         reply = Reply()
         start = time.monotonic()
@@ -95,19 +108,6 @@ class Kernel:
                 break
         reply.status = shell["content"]["status"]
         return reply
-
-    def _answer_stdin(self, msg_id: str, reply: Reply, answer) -> None:
-        try:
-            request = self.kc.get_stdin_msg(timeout=0.05)
-        except queue.Empty:
-            return
-        if request["msg_type"] != "input_request" or request["parent_header"].get("msg_id") != msg_id:
-            return
-        prompt = request["content"]["prompt"]
-        reply.prompts.append(prompt)
-        line = answer(prompt, reply)
-        if line is not None:
-            self.kc.input(line)
 
     def start_until(self, code: str, done, timeout: float = 60) -> str:
         """Execute ``code`` without waiting for its end: return its stdout so far as soon as
