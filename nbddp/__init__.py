@@ -10,7 +10,7 @@ from nbddp.core.errors import DDPUsageError
 from nbddp.core.result import DDPError, DDPTimeout, RankResult, RunResult
 from nbddp.core.spec import LaunchSpec, make_spec, parse_line
 
-__all__ = ["run", "backend", "Pool", "DDPError", "DDPTimeout", "DDPUsageError", "RankResult", "RunResult", "LaunchSpec", "make_spec",
+__all__ = ["run", "backend", "can_answer", "Pool", "DDPError", "DDPTimeout", "DDPUsageError", "RankResult", "RunResult", "LaunchSpec", "make_spec",
            "parse_line", "load_ipython_extension", "unload_ipython_extension"]
 __version__ = "0.1.0"
 
@@ -25,6 +25,15 @@ def backend() -> str:
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def can_answer() -> bool:
+    """True where the front end running this cell can answer a rank's ``input()`` or debugger
+    prompt (JupyterLab, Notebook, VS Code); False under papermill, nbclient, or outside a kernel,
+    where ``breakpoint()`` in a rank fails at once (README "Debugging one rank")."""
+    from nbddp.kernel.inputbox import InputBox
+
+    return InputBox.for_this_cell() is not None
 
 
 def load_ipython_extension(ipython) -> None:

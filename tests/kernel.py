@@ -20,6 +20,7 @@ class Reply:
     stderr: str = ""
     error: dict | None = None
     outputs: list = field(default_factory=list)
+    prompts: list = field(default_factory=list)  # the input requests' prompts, in order
     status: str = ""
     elapsed: float = 0.0
 
@@ -47,19 +48,43 @@ class Kernel:
     def pid(self) -> int:
         return self.km.provisioner.process.pid
 
-    def execute(self, code: str, timeout: float = 120, on_output=None) -> Reply:
-        msg_id = self.kc.execute(code)
+    def execute(self, code: str, timeout: float = 120, on_output=None, allow_stdin: bool = True) -> Reply:
+        """``allow_stdin=False``: as papermill and nbclient run a cell (no input box)."""
+        msg_id = self.kc.execute(code, allow_stdin=allow_stdin)
         return self.collect(msg_id, timeout, on_output)
 
-    def collect(self, msg_id: str, timeout: float = 120, on_output=None) -> Reply:
+    def converse(self, code: str, answer, timeout: float = 120) -> Reply:
+        """Execute ``code`` as a front end with an input box does: each ``input_request`` (as
+        ``input()`` in a cell sends) is answered with ``answer(prompt, reply_so_far)``, typed in
+        as an ``input_reply`` (None: left unanswered); the prompts are in ``reply.prompts``."""
+        msg_id = self.kc.execute(code, allow_stdin=True)
+        return self.collect(msg_id, timeout, stdin=answer)
+
+    def _answer_stdin(self, msg_id: str, reply: Reply, answer) -> None:
+        try:
+            request = self.kc.get_stdin_msg(timeout=0.05)
+        except queue.Empty:
+            return
+        if request["msg_type"] != "input_request" or request["parent_header"].get("msg_id") != msg_id:
+            return
+        prompt = request["content"]["prompt"]
+        reply.prompts.append(prompt)
+        line = answer(prompt, reply)
+        if line is not None:
+            self.kc.input(line)
+
+    def collect(self, msg_id: str, timeout: float = 120, on_output=None, stdin=None) -> Reply:
         reply = Reply()
         start = time.monotonic()
         while True:
             left = timeout - (time.monotonic() - start)
             if left <= 0:
-                raise TimeoutError(f"cell did not finish in {timeout} s; so far: {reply.text[-2000:]}")
+                raise TimeoutError(f"cell did not finish in {timeout} s; prompts {reply.prompts}; "
+                                   f"so far: {reply.text[-2000:]}")
+            if stdin is not None:
+                self._answer_stdin(msg_id, reply, stdin)
             try:
-                msg = self.kc.get_iopub_msg(timeout=min(left, 1.0))
+                msg = self.kc.get_iopub_msg(timeout=min(left, 1.0 if stdin is None else 0.05))
             except queue.Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:

@@ -62,6 +62,14 @@ if os.environ["RANK"] == "11":
     time.sleep(1); raise ValueError("rank eleven broke")
 time.sleep(30)
 """
+DEBUG = """%%ddp -n 2
+import os
+rank = int(os.environ["RANK"])
+secret = 6 * 7 + rank
+if rank == 1:
+    breakpoint()
+print(f"rank {rank} done")
+"""
 
 
 @pytest.fixture
@@ -73,6 +81,8 @@ def lab(tmp_path):
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
     (root / "ddp.ipynb").write_text(json.dumps(nb))
+    debug = dict(nb, cells=[dict(nb["cells"][0], id="d0"), dict(nb["cells"][0], id="d1", source=DEBUG)])
+    (root / "debug.ipynb").write_text(json.dumps(debug))
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
@@ -107,6 +117,27 @@ def lab(tmp_path):
     log.close()
 
 
+def run_all(browser, url):
+    """A page with the notebook at ``url`` open, its kernel idle, and Run All Cells clicked."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page.goto(url, timeout=90_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    # the kernel is connected and idle before anything runs
+    expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
+    first_prompt = page.locator(".jp-Cell").nth(0).locator(".jp-InputPrompt")
+    for attempt in range(3):  # a click that lands while Lab is still settling can be lost
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_text("Run All Cells", exact=True).click()
+        try:
+            expect(first_prompt).to_contain_text("[1]", timeout=20_000)
+            return page
+        except AssertionError:
+            if attempt == 2:
+                raise
+
+
 def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
     from playwright.sync_api import expect, sync_playwright
 
@@ -116,21 +147,7 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            page.goto(f"{base}/lab/tree/ddp.ipynb?token={token}", timeout=90_000)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            # the kernel is connected and idle before anything runs
-            expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
-            first_prompt = page.locator(".jp-Cell").nth(0).locator(".jp-InputPrompt")
-            for attempt in range(3):  # a click that lands while Lab is still settling can be lost
-                page.get_by_role("menuitem", name="Run", exact=True).click()
-                page.get_by_text("Run All Cells", exact=True).click()
-                try:
-                    expect(first_prompt).to_contain_text("[1]", timeout=20_000)
-                    break
-                except AssertionError:
-                    if attempt == 2:
-                        raise
+            page = run_all(browser, f"{base}/lab/tree/ddp.ipynb?token={token}")
             view = page.locator(".nbddp-view").nth(0)
             expect(view).to_be_visible(timeout=60_000)
             # live: while the cell runs, rank 1 (which sleeps longer) shows as running, and the
@@ -251,3 +268,38 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
         finally:
             browser.close()
     assert os.path.getsize(shot) > 5000
+
+
+def test_a_ranks_debugger_prompt_is_in_jupyterlabs_input_box_and_the_answer_reaches_it(lab):
+    """breakpoint() on rank 1: JupyterLab's stdin box shows "(Pdb rank 1)", the header names the
+    rank in the debugger, and what is typed there runs in rank 1 (`p secret * 1000` → 43000)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, token, _ = lab
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = run_all(browser, f"{base}/lab/tree/debug.ipynb?token={token}")
+            box = page.locator(".jp-Stdin-input")
+            expect(box).to_be_visible(timeout=90_000)
+            expect(page.locator(".jp-Stdin-prompt").last).to_contain_text("(Pdb rank 1)")
+            expect(page.locator(".nbddp-asking")).to_contain_text("rank 1 is in the debugger", timeout=30_000)
+            page.screenshot(path=os.path.join(ARTIFACTS, "browser-debugger-prompt.png"))
+            prompts = page.locator(".jp-Stdin-prompt")
+            asked = prompts.count()
+            box.fill("p secret * 1000")
+            box.press("Enter")
+            expect(prompts).not_to_have_count(asked, timeout=30_000)   # the next prompt, after the answer ran
+            expect(prompts.last).to_contain_text("(Pdb rank 1)")
+            # rank 1's pane is in front while it is in the debugger: its listing and the value
+            expect(page.locator(".nbddp-pane:visible")).to_contain_text("43000", timeout=30_000)
+            box = page.locator(".jp-Stdin-input").last
+            box.fill("c")
+            box.press("Enter")
+            output = page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea")
+            expect(output).to_contain_text("2 ranks, all ok", timeout=60_000)
+            expect(output).to_contain_text("43000")
+            expect(output).to_contain_text("rank 1 done")
+        finally:
+            browser.close()

@@ -107,7 +107,9 @@ def test_pull_of_an_unpicklable_value_raises_naming_the_rank(kernel):
 
 
 def test_input_in_a_rank_fails_at_once_with_the_hint(kernel):
-    reply = kernel.execute("%%ddp -n 2\nlr = float(input('learning rate? '))")
+    """Where no front end can answer (papermill, nbclient: allow_stdin False); with one, the
+    notebook's input box asks (tests/test_debugger.py)."""
+    reply = kernel.execute("%%ddp -n 2\nlr = float(input('learning rate? '))", allow_stdin=False)
     assert reply.error and reply.error["ename"] == "DDPError", reply.text
     text = "\n".join(reply.error["traceback"])
     assert "NoStdin: input('learning rate? '): ranks have no stdin" in text, text

@@ -74,8 +74,11 @@ def test_something_else_on_the_job_pipe_is_refused():
 def test_message_kinds_are_distinct_plain_strings():
     kinds = {k: v for k, v in vars(msg).items() if k.isupper()}
     assert all(type(v) is str for v in kinds.values())
-    pipe = [v for k, v in kinds.items() if not k.startswith("DONE_")]
-    assert len(pipe) == len(set(pipe)) == 13
+    payloads = ("NO_FRONTEND", "NOT_FIRST")  # and DONE_*, ASK_*: values inside a message
+    pipe = [v for k, v in kinds.items() if not k.startswith(("DONE_", "ASK_")) and k not in payloads]
+    assert len(pipe) == len(set(pipe)) == 17
+    asked = [msg.ASK_INPUT, msg.ASK_DEBUGGER, msg.ASK_POST_MORTEM, msg.NO_FRONTEND, msg.NOT_FIRST]
+    assert len(set(asked)) == len(asked)
 
 
 # ---------------------------------------------------------------- RankFiles

@@ -79,6 +79,8 @@ CASES = {
     "`--launcher torchrun --push x` (or `--pull`, or `slurm`)": [
         lambda: parse_line("--launcher torchrun --push x"), lambda: parse_line("--launcher torchrun --pull y"),
         also(lambda: parse_line("--launcher slurm --push x"))],
+    "`--launcher torchrun --pdb`": [lambda: parse_line("--launcher torchrun --pdb"),
+                                    also(lambda: parse_line("--launcher slurm --pdb"))],
     "`--slurm` without `--export`": [lambda: rules.choose_source(parse_line("--slurm"))],
     "`-n 2` (or `--backend`, `--env`, …) while a 3-rank pool runs": [
         lambda: rules.choose_source(parse_line("-n 2", shape=pool_spec()), pool=pool_spec()),

@@ -38,6 +38,8 @@ CAUSE_LIMIT = 240
 def describe_failure(exception: dict | None, code: int | None) -> str:
     if exception:
         where = f" at cell line {exception['cell_line']}" if exception.get("cell_line") else ""
+        if exception.get("type") == "BdbQuit":  # `q` at the rank's debugger prompt
+            return f"quit in the debugger{where}"
         message = exception.get("message") or ""
         first = message.strip().splitlines()[0] if message.strip() else ""
         if len(first) > CAUSE_LIMIT:  # the whole message is in the traceback shown below

@@ -22,6 +22,7 @@ class Cell:
     label: str | None = None    # how tracebacks name it ("Cell In[3]"; nbddp/core/cellnames.py)
     push: dict | None = None    # --push values: a shared file to map (nbddp/kernel/pushing.py)
     pull: list[str] = field(default_factory=list)  # --pull names to send back after it ran
+    post_mortem: bool = False   # --pdb: a failing rank opens the debugger at the failing frame
 
 
 @dataclass

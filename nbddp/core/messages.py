@@ -19,10 +19,22 @@ PULLED = "pulled"              # --pull names this rank has: ({name: value}[, {n
 DISPLAY = "display"            # display() / plt.show() in the rank: (mime bundle dict)
 BEGAN = "began"                # a pool rank started the cell just sent (SIGINT is for it now); none
 DONE = "done"                  # a pool rank ended that cell: (DONE_OK | DONE_INTERRUPTED | DONE_ERROR)
+ASK = "ask"                    # the rank reads its stdin (input(), pdb): (ask id, prompt, ASK_INPUT |
+                               # ASK_DEBUGGER | ASK_POST_MORTEM); it blocks until ANSWER / NO_ANSWER.
+                               # prompt None: its debugger waits for its turn (shows nothing before)
+LEFT_DEBUGGER = "left_debugger"  # `c` or `q` (or the post-mortem's end): the input box is free; none
 
-# ------------------------------------------------------------- kernel → rank (a pool's, duplex)
+# ------------------------------------------------------------- kernel → rank (the same pipe, duplex)
 EXEC = "exec"                  # run a cell: (nbddp.core.job.Cell)
 STOP = "stop"                  # leave the serve loop and exit; no payload
+ANSWER = "answer"              # the line typed in the notebook's input box for ASK: (ask id, line)
+NO_ANSWER = "no_answer"        # no one will answer that ASK: (ask id, NO_FRONTEND | NOT_FIRST)
 
 # how a pool rank's cell ended (the payload of DONE)
 DONE_OK, DONE_INTERRUPTED, DONE_ERROR = "ok", "interrupted", "error"
+
+# what an ASK is for (its prompt is shown as it is; the kernel decides who may ask and when)
+ASK_INPUT, ASK_DEBUGGER, ASK_POST_MORTEM = "input", "debugger", "post-mortem"
+# why no one answers: no front end can (papermill, nbclient, nbddp.run outside a notebook), or a
+# post-mortem after the first rank's (--pdb debugs the first rank to fail only)
+NO_FRONTEND, NOT_FIRST = "no front end", "not first"

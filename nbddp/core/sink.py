@@ -5,7 +5,7 @@ those it has, by name. nbddp's views (nbddp/views/) declare that they implement 
 inherit a no-op for the events they ignore.
 
 Order for one launch: ``launch_started``; then, as they happen, ``rank_started`` (once a rank
-runs), ``output``, ``display``, ``note``, ``rank_exited`` (when it ends, with its final
+runs), ``output``, ``display``, ``note``, ``asking``, ``rank_exited`` (when it ends, with its final
 state; a rank torchrun restarts starts again), with ``tick`` about every 0.1 s in between;
 ``launch_finished`` last, once every process has ended and been reaped. Every call comes on
 the thread that runs the launch (the kernel's main thread for the magic).
@@ -40,6 +40,11 @@ class Sink(Protocol):
     def note(self, text: str) -> None:
         """One line nbddp has to say (a placement note, an idle warning with the stacks, the
         interrupt); also kept in ``result.notes``."""
+
+    def asking(self, rank: int | None, waiting: list, purpose: str | None) -> None:
+        """Rank ``rank`` waits at a prompt in the notebook's input box (None: no rank does now);
+        ``purpose``: "debugger", "post-mortem" or "input" (nbddp/core/messages.py); ``waiting``:
+        the ranks that asked too and wait their turn (nbddp/sources/asking.py)."""
 
     def tick(self) -> None:
         """The supervisor's clock (about every 0.1 s while the launch runs): flush batched updates."""

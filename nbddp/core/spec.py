@@ -58,6 +58,7 @@ class LaunchSpec:
     account: str | None = None
     time_limit: str | None = None
     sbatch: tuple[str, ...] = ()
+    pdb: bool = False                 # a failing rank opens the debugger in the notebook (post-mortem)
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -249,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="run a fresh job even while a pool runs")
     p.add_argument("--push", type=_names, default=(), help="notebook names to send into every worker")
     p.add_argument("--pull", type=_names, default=(), help="worker names to gather back (name or name@rank)")
+    p.add_argument("--pdb", action="store_true",
+                   help="the first rank to fail opens the debugger at the failing frame (as %%pdb)")
     p.add_argument("--export", default=None, metavar="SCRIPT.py", help="also write the cell as a torchrun script")
     p.add_argument("--slurm", action="store_true",
                    help="with --export / %%ddp_export: also write SCRIPT.sbatch, a Slurm batch job")
@@ -296,7 +299,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
                      rdzv_timeout=ns.rdzv_timeout,
                      gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, export=ns.export,
                      slurm=ns.slurm, partition=ns.partition, account=ns.account, time_limit=ns.time_limit,
-                     sbatch=ns.sbatch)
+                     sbatch=ns.sbatch, pdb=ns.pdb)
 
 
 def _glue_sbatch(words: list[str]) -> list[str]:
@@ -424,6 +427,9 @@ def _check(spec: LaunchSpec) -> None:
                                 f"its --node-rank (0..{spec.nnodes - 1}); or use --rdzv-endpoint HOST:PORT")
     if spec.launcher != "local" and (spec.push or spec.pull):
         raise DDPUsageError(_NO_VALUES_ACROSS.format(launcher=spec.launcher))
+    if spec.launcher != "local" and spec.pdb:
+        raise DDPUsageError(f"%%ddp: --pdb debugs nbddp's own ranks, which the notebook's input box "
+                            f"reaches; --launcher {spec.launcher}'s ranks have no way back to it")
     for item in spec.pull:
         name, _, rank = item.partition("@")
         if rank and not int(rank) < spec.world_size:

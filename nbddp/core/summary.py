@@ -43,3 +43,12 @@ def state_lines(rank_results, include_ok: bool = False) -> list[str]:
             continue
         lines.append(f"{label(ranks)}: {state}" + (f" ({cause})" if cause else ""))
     return lines
+
+
+def asking_line(rank: int | None, waiting, purpose: str | None) -> str:
+    """Who is at a prompt in the notebook's input box and who waits (nbddp/sources/asking.py)."""
+    waits = f"; {label(waiting)} wait{'s' if len(list(waiting)) == 1 else ''} for it" if waiting else ""
+    if rank is None:
+        return f"no rank is at a prompt{waits}" if waits else "no rank is at a prompt now"
+    what = "asks for input" if purpose == "input" else "is in the debugger"
+    return f"rank {rank} {what} (answer in the input box){waits}"

@@ -136,7 +136,7 @@ def refill(n: int) -> None:
             if missing <= 0:
                 return
             _forking.set()
-            made = [Plumbing(ctx, duplex=False, spare=True) for _ in range(missing)]
+            made = [Plumbing(ctx, duplex=True, spare=True) for _ in range(missing)]
             try:
                 starter.start_all([p.process for p in made], limit=starter.answer_limit())
             finally:

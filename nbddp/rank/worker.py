@@ -17,7 +17,7 @@ import time
 import traceback
 import types
 
-from nbddp.rank import nostdin
+from nbddp.rank import asking
 from nbddp.rank import pushed
 from nbddp.rank import stackwatch
 from nbddp.rank import teardown
@@ -94,8 +94,7 @@ def _become_script(job: RankJob, pipes: dict) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    sys.stdin = open(0, closefd=False)
-    nostdin.install()
+    asking.install(pipes["ctl"], job.rank)  # input() and pdb ask the notebook (nbddp/rank/asking.py)
     sys.stdout = sys.__stdout__ = _line_stream(1)
     sys.stderr = sys.__stderr__ = _line_stream(2)
     _watch_lifeline(pipes["lifeline"])
@@ -209,6 +208,10 @@ def _run(job: RankJob, ctl) -> int:
         return _exit_code(exc, ctl, cell.path)
     except BaseException as exc:  # the user's error: print like Python would, and report it
         _report(ctl, exc, cell.path, cell.label, cell.source)
+        try:
+            _post_mortem(cell, exc)
+        except KeyboardInterrupt:  # the stop button at the post-mortem prompt
+            return 130
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
@@ -243,6 +246,8 @@ def _serve(job: RankJob, ctl) -> int:
             message = ctl.recv()
         except (EOFError, OSError):
             return 0
+        if message[0] in (msg.ANSWER, msg.NO_ANSWER):  # to a prompt the stop button had ended
+            continue
         if message[0] != msg.EXEC:  # msg.STOP
             return 0
         cell: Cell = message[1]
@@ -260,12 +265,25 @@ def _serve(job: RankJob, ctl) -> int:
         except BaseException as exc:
             status = msg.DONE_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else msg.DONE_ERROR
             _report(ctl, exc, cell.path, cell.label, cell.source)
+            _INTERRUPT["armed"] = True  # the stop button ends a post-mortem as it ends the cell
+            try:
+                _post_mortem(cell, exc)
+            except KeyboardInterrupt:
+                status = msg.DONE_INTERRUPTED
+            finally:
+                _INTERRUPT["armed"] = False
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:
                 pass
         _send(ctl, (msg.DONE, status))
+
+
+def _post_mortem(cell: Cell, exc: BaseException) -> None:
+    """--pdb: the failing frame in the notebook's debugger (not for the stop button or ``q``)."""
+    if cell.post_mortem and not isinstance(exc, (KeyboardInterrupt, asking.bdb.BdbQuit)):
+        asking.post_mortem(_user_traceback(exc))
 
 
 def _exit_code(exc: SystemExit, ctl, cell_path: str) -> int:

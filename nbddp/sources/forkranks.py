@@ -55,7 +55,7 @@ class ForkRanks(Source):
             self.note(plan.note)
         files = RankFiles(log_dir)
         cell = Cell(self.source_text, self.cell_path, self.cell_label, self.push,
-                    [name.split("@")[0] for name in spec.pull])
+                    [name.split("@")[0] for name in spec.pull], post_mortem=spec.pdb)
         jobs = rank_jobs(spec, files, cell, master_port=port, cwd=self.cwd, base_env=self.base_env,
                          device_count=devices, backend=plan.backend, func=self.func)
         ranks = []
@@ -63,7 +63,7 @@ class ForkRanks(Source):
             res.stdout_path, res.stderr_path = files.stdout(res.rank), files.stderr(res.rank)
             ranks.append(Rank(res, job.stack_path, job.sigint_path))
         self.use_spares = spares.usable(spec, pool_mode=False)
-        restarted = self.procs.start(ranks, jobs, spec.start_method, duplex=False, use_spares=self.use_spares)
+        restarted = self.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=self.use_spares)
         if restarted:
             self.note(restarted)
 
@@ -117,6 +117,9 @@ class ForkRanks(Source):
 
     def kill_now(self) -> None:
         self.procs.kill_now()
+
+    def asking_ranks(self):
+        return self.procs
 
     def stack_targets(self) -> list:
         return [(r.result, r.process.pid, r.stack_path) for r in self.procs.ranks if r.alive and r.started]

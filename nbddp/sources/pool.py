@@ -170,6 +170,9 @@ class PoolRanks(Source):
     def kill_now(self) -> None:
         self.procs.kill_now()
 
+    def asking_ranks(self):
+        return self.procs
+
     def stack_targets(self) -> list:
         return [(r.result, r.process.pid, r.stack_path) for r in self.procs.ranks
                 if r.alive and r.started and r.result.rank in self.pending]
@@ -344,7 +347,7 @@ class Pool:
             src.result.script = cell_path
             for rank in src.procs.ranks:
                 rank.open_logs()
-            src.cell = Cell(source, cell_path, cell_label, payload, list(pull))
+            src.cell = Cell(source, cell_path, cell_label, payload, list(pull), post_mortem=spec.pdb)
             src.targets = targets
             self.state = BUSY
             try:

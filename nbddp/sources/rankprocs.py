@@ -74,6 +74,7 @@ class RankProcs:
         self.on_exit = on_exit
         self.on_message = on_message or (lambda rank, message: None)
         self.emit = emit or (lambda *args: None)
+        self.asked: list[tuple] = []  # (rank number, ask id, prompt, purpose) not taken yet
 
     # ---------------------------------------------------------------- startup
     def start(self, ranks: list[Rank], jobs: list[RankJob], start_method: str, duplex: bool,
@@ -216,8 +217,41 @@ class RankProcs:
             self.emit("note", f"rank {res.rank}: {message[1]}")
         elif kind == msg.DISPLAY:
             self.emit("display", res.rank, message[1])
+        elif kind == msg.ASK:  # input() or pdb: the supervisor's prompts (nbddp/sources/asking.py)
+            self.asked.append((res.rank, *message[1:]))
+        elif kind == msg.LEFT_DEBUGGER:
+            self.asked.append((res.rank, None, None, msg.LEFT_DEBUGGER))
         else:
             self.on_message(rank, message)
+
+    # ---------------------------------------------------------------- prompts
+    def take_asked(self) -> list[tuple]:
+        """The ranks' prompts since the last call: (rank number, ask id, prompt, purpose), and
+        (rank number, None, None, msg.LEFT_DEBUGGER) where a rank's user left its debugger."""
+        asked, self.asked = self.asked, []
+        return asked
+
+    def waits_for_answer(self, number: int) -> bool:
+        """Rank ``number`` is alive and can be answered (its control pipe is open)."""
+        rank = self._by_number(number)
+        return rank is not None and rank.alive and rank.ctl is not None
+
+    def answer(self, number: int, message) -> None:
+        rank = self._by_number(number)
+        if rank is not None and rank.ctl is not None:
+            try:
+                rank.ctl.send(message)
+            except (OSError, ValueError):
+                pass  # it ended meanwhile: its exit is seen like any other
+
+    def drain_rank(self, number: int) -> None:
+        """Read what rank ``number`` wrote before it asked (its pdb listing before its prompt)."""
+        rank = self._by_number(number)
+        if rank is not None:
+            self.drain_now(rank)
+
+    def _by_number(self, number: int) -> Rank | None:
+        return next((r for r in self.ranks if r.result.rank == number), None)
 
     def reap(self, rank: Rank, wait: float = 0.0) -> None:
         """The rank's process exited (or must be waited for, up to ``wait`` seconds): record

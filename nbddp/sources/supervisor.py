@@ -23,7 +23,9 @@ from contextlib import contextmanager
 
 from nbddp.core import diagnosis
 from nbddp.forkserver import privnet
+from nbddp.kernel.inputbox import InputBox
 from nbddp.sources import stacks
+from nbddp.sources.asking import Asking
 from nbddp.core.cellnames import name_cell
 from nbddp.core.states import LaunchState, StopReason
 from nbddp.core.summary import label
@@ -134,6 +136,11 @@ class Source:
         """SIGKILL everything at once (kernel exit, a second interrupt). Safe at any time."""
         raise NotImplementedError
 
+    def asking_ranks(self):
+        """The ranks' prompts (input(), pdb; nbddp/sources/rankprocs.py's RankProcs), or None
+        where ranks cannot ask the notebook (torchrun's)."""
+        return None
+
     def stack_targets(self) -> list:
         """(RankResult, pid, stack file) of the ranks to ask where they are."""
         return []
@@ -160,6 +167,9 @@ class Supervisor:
         self.handler_noted = False
         self.last_output = time.monotonic()
         self.idle_warned = False
+        self.asking = Asking(source, self.emit)  # the ranks' prompts (input(), pdb), one at a time
+        self.asked_s = 0.0                  # time spent at (or waiting for) a prompt: the user's
+        self.clock_at = time.monotonic()
 
     # ----------------------------------------------------------------- public
     def run(self):
@@ -178,6 +188,8 @@ class Supervisor:
             try:
                 self.state = STARTING
                 try:
+                    if self.asking.ranks is not None:  # the front end of the cell running now
+                        self.asking.box = InputBox.for_this_cell()
                     source.start(self.emit)
                     self.state = RUNNING
                     self.last_output = time.monotonic()
@@ -219,6 +231,8 @@ class Supervisor:
             if self.interrupts > self.handled_interrupts:
                 self._on_interrupt()
             self.source.poll(TICK_S if self.stopping is None else 0.05)
+            if self.stopping is None:
+                self.asking.step()
             self._clock()
             self.emit("tick")  # views flush batched updates here (at most every 0.1 s)
 
@@ -239,12 +253,17 @@ class Supervisor:
                                  f"interrupt again to kill now")
         if self.stopping is not None:
             return
+        if self.asking.busy:  # the user's time at a prompt: no fail-fast, timeout or hang report yet
+            self.asked_s += now - self.clock_at
+            self.clock_at = self.last_output = now
+            return
+        self.clock_at = now
         spec = self.spec
         self.source.end_lingering(spec.idle_warning or LINGER_S)  # at the latest at the idle warning
         why = self.source.failure()
         if why:
             self._stop(StopReason.FAILFAST, why)
-        elif spec.timeout is not None and time.time() - self.source.result.started_at > spec.timeout:
+        elif spec.timeout is not None and time.time() - self.source.result.started_at - self.asked_s > spec.timeout:
             self._time_out()
         elif (spec.idle_warning and not self.idle_warned
               and now - self.last_output > spec.idle_warning and self.source.stack_targets()):
@@ -256,6 +275,7 @@ class Supervisor:
     # --------------------------------------------------------------- stopping
     def _stop(self, reason: str, why: str) -> None:
         self.stopping, self.why, self.state = reason, why, STOPPING
+        self.asking.stop()
         self.stop_at = now = time.monotonic()
         sig = self.source.FIRST_SIGNAL[reason]
         self.source.signal(sig, reason, why)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import time
 
+from nbddp.core import summary
 from nbddp.core.sink import Sink
 from nbddp.views import terminal
 from nbddp.views import transcript
@@ -116,6 +117,10 @@ class TextView(Sink):
     def note(self, text: str):
         self._erase("stderr")
         self._stream("stderr").write(f"nbddp: {text}\n")
+
+    def asking(self, rank, waiting, purpose):
+        if rank is not None:  # the rank's own lines came first; the input box follows
+            self.note(summary.asking_line(rank, waiting, purpose))
 
     def launch_finished(self, result):
         for (rank, stream), term in sorted(self._terms.items()):

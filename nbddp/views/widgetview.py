@@ -30,6 +30,7 @@ from nbddp.core.sink import Sink
 from nbddp.views import transcript
 from nbddp.core.diagnosis import IDLE_WARNING
 from nbddp.core.result import OK, RUNNING, STARTING
+from nbddp.core import summary
 from nbddp.core.summary import CAUSING, label
 from nbddp.views.transcript import Collector
 
@@ -106,6 +107,7 @@ class WidgetView(Sink):
         self.root = None
         self._widgets = [self.header, self.info]   # everything to close when the launch ends
         self._hung: dict = {}   # rank -> where it waits, while the idle warning holds
+        self._asking = (None, [], None)  # (rank at the input box, ranks waiting for it, why)
         self._header_dirty = True
         self._header_at = 0.0
         self.updates_sent = 0   # pane updates sent to the front end (for tests and budgets)
@@ -208,6 +210,18 @@ class WidgetView(Sink):
             self.c.all.total += 1
             pane.dirty = True
 
+    def asking(self, rank, waiting, purpose):
+        """A rank at a prompt in the input box: banner, chips, and its pane in front (its pdb listing)."""
+        if rank is not None and rank != self._asking[0] and rank in self.panes:
+            index = self.order.index(rank)
+            if isinstance(self.selector, W.Tab):
+                self.selector.selected_index = index
+            else:
+                self.selector.index = index
+                self.stack.selected_index = index
+        self._asking = (rank, list(waiting), purpose)
+        self._push_header()
+
     def rank_exited(self, rank_result):
         self.c.rank_exited(rank_result)
         self._header_dirty = True
@@ -276,9 +290,18 @@ class WidgetView(Sink):
                       f'background:#fff1dc;color:#8a4b00;border:1px solid #e0b060">&#9888; no output from any '
                       f'rank for {time.monotonic() - self._hung_since + (self.spec.idle_warning or 0):.0f} s — a hung '
                       f'collective? {html.escape(where)}</div>')
+        asking, waiting, purpose = self._asking
+        progress = self.c.progress
+        if (asking is not None or waiting) and not self.c.finished:
+            banner += (f'<div class="nbddp-asking" style="margin:3px 0;padding:3px 8px;border-radius:3px;'
+                       f'background:#e8f0fe;color:#1a4d8f;border:1px solid #9bb8e8">&#9998; '
+                       f'{html.escape(summary.asking_line(asking, waiting, purpose))}</div>')
+            words = "asks for input" if purpose == "input" else "in the debugger"
+            progress = (lambda r: words if r == asking else "waits for the debugger" if r in waiting
+                        else self.c.progress(r))
         self.header.value = (f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>{banner}'
                              f'<div style="display:flex;flex-wrap:wrap">'
-                             f'{transcript.chips_html(result, progress=self.c.progress, hung=hung)}</div>')
+                             f'{transcript.chips_html(result, progress=progress, hung=hung)}</div>')
 
     def _push_pane(self, pane: _Pane, now: float) -> int:
         key = next(k for k, p in self.panes.items() if p is pane)

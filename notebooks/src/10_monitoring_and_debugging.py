@@ -4,11 +4,13 @@
 # With N processes there are N logs, N stacks, N profiles. Three habits:
 # 1. **log to one file per rank**, and to the screen at INFO on rank 0 only (warnings from every rank);
 # 2. **profile per rank** and look at communication (`all_reduce`) next to compute;
-# 3. when it breaks, match the symptom to the **cheat sheet** below and do its drill.
+# 3. when it breaks, match the symptom to the **cheat sheet** below and do its drill;
+#    when one rank computes something wrong, **stop that rank** with `breakpoint()` and look (Drill E).
 
 # %% parameters tags=["parameters"]
 world_size = 2
 log_dir = "runs/10/logs"
+interactive = None  # Drill E's breakpoint: None = where someone can answer it (JupyterLab yes, papermill no)
 
 # %% load-ext
 # %load_ext nbddp
@@ -212,6 +214,47 @@ if world_size > 1:
         bad = exc.result.failed[0]
     print(bad.describe()[:300], "\nhint:", bad.hint)
     assert "mismatch between collectives" in bad.cause and "different collectives" in bad.hint
+
+# %% drill-e-breakpoint [markdown]
+# ### Drill E · one rank is wrong: stop it with `breakpoint()` and look
+# Eleven samples, split over the ranks, and the all-reduced mean comes out wrong. Each rank takes
+# `per = len(data) // world` samples; the bug sits on the **last** rank. Its `breakpoint()` opens
+# pdb for that rank alone in the notebook's input box, the prompt naming it: `(Pdb rank 1)`.
+# Type `p start, stop, len(data)` (sample 10 is in no shard), `l`, `n`, `p total`, then `c` to let
+# the rank go on (`q` would stop the launch: "quit in the debugger at cell line N"). Meanwhile
+# rank 0 waits for it in the all-reduce, as it would under torchrun; the header says which rank
+# is in the debugger. Several ranks at breakpoints take turns. `%%ddp --pdb` opens the first
+# failing rank at its failing frame instead.
+#
+# Where no one can answer (this lesson's papermill run) `interactive` is False and the
+# breakpoint is skipped; a `breakpoint()` left in a cell there fails at once with `NoDebugger`.
+
+# %% drill-e-breakpoint-code
+if interactive is None:
+    interactive = nbddp.can_answer()
+print("stop at the breakpoint:", interactive)
+
+# %% drill-e-breakpoint-ddp
+# %%ddp -n $world_size --timeout 120 --push interactive --pull mean@0
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+data = torch.arange(11.0)                        # 11 samples: they do not split evenly
+per = len(data) // world
+start, stop = rank * per, (rank + 1) * per       # each rank's shard
+if interactive and rank == world - 1:
+    breakpoint()                                 # (Pdb rank 1) p start, stop, len(data)
+total = torch.tensor([data[start:stop].sum().item(), float(stop - start)])
+dist.all_reduce(total)
+mean = (total[0] / total[1]).item()
+dist.destroy_process_group()
+
+# %% drill-e-fix [markdown]
+# The last rank's shard must run to the end: `stop = len(data) if rank == world - 1 else (rank + 1) * per`.
+
+# %% drill-e-fix-code
+print("mean over the ranks:", mean, "| true mean:", 5.0)
+assert (mean == 5.0) == (11 % world_size == 0), "with 11 samples on 2 ranks, sample 10 is in no shard"
 
 # %% check [markdown]
 # ## Check
