@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from nbddp.core.iopubrate import SERVER_DATA_RATE, SERVER_WINDOW_S, RateWindow, stream_bytes
 from nbddp.core.spec import make_spec
 from nbddp.views.textview import TextView
-from tests.frontend import visible_lines
+from frontend import visible_lines
 
 
 class Streams:
@@ -101,7 +101,7 @@ def test_a_flood_is_paced_under_the_servers_limit_and_every_line_is_shown_or_sai
 
 def test_the_end_of_cell_note_waits_for_room_in_the_window():
     view, clock, streams, result = make_view(n=1)
-    view.output(0, "stdout", b"".join(b"x" * 100 + b"\n" for _ in range(40_000)))   # 4 MB at once
+    view.output(0, "stderr", b"".join(b"x" * 100 + b"\n" for _ in range(40_000)))   # 4 MB at once
     start = clock.t
     view.launch_finished(result)
     assert clock.t > start                     # it waited for the window to drain, boundedly

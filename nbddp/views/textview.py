@@ -35,6 +35,7 @@ PENDING_INTERVAL_S = 0.3      # a rewritten line is re-sent at most ~3 times a s
 TEXT_LIMIT_CHARS = 5_000_000  # text sent per launch; the rest stays in the logs
 LINE_LIMIT = 2_000_000        # characters of one line sent (a 1 MB line arrives whole)
 RESUME_SHARE = 1 / 3          # held-back output resumes once this share of the window is free
+STDERR_RESERVE = 0.2          # of the window kept for stderr (warnings, tracebacks) while stdout floods
 REPORT_WAIT_S = 4.0           # the end-of-cell note waits at most this long for room
 
 KERNEL_WINDOW = RateWindow()  # one per kernel: every text view's writes share the server's limit
@@ -59,6 +60,7 @@ class _Held:
         self.ranges: list = []    # [rank, stream, first, last], not said yet
         self._last: dict = {}     # (rank, stream) -> its latest range
         self.total: dict = {}     # rank -> lines held back in this launch
+        self.stderr_ranks: set = set()   # ranks with stderr lines held back (a traceback, perhaps)
 
     def add(self, rank, stream, number: int) -> None:
         span = self._last.get((rank, stream))
@@ -68,6 +70,8 @@ class _Held:
             span = self._last[(rank, stream)] = [rank, stream, number, number]
             self.ranges.append(span)
         self.total[rank] = self.total.get(rank, 0) + 1
+        if stream == "stderr":
+            self.stderr_ranks.add(rank)
 
     def said(self) -> str:
         """The ranges not said yet, in words; forgets them."""
@@ -100,7 +104,7 @@ class TextView(Sink):
         self._left = TEXT_LIMIT_CHARS
         self._lineno: dict[tuple[int, str], int] = {}   # lines each rank stream finished
         self._held = _Held()
-        self._holding = False
+        self._holding: set = set()                      # streams whose lines are held back now
         self._merge: dict[str, SameLines] = {}          # stream -> merger (--same-lines merge)
         shown = [r for r in range(spec.world_size) if spec.shown(r)]
         if getattr(spec, "same_lines", "apart") == "merge" and len(shown) > 1:
@@ -166,7 +170,7 @@ class TextView(Sink):
             out = merger.due(now)
             if out:
                 self._write(stream, out)
-        if self._held.ranges and self._left > 0 and self._room(now):   # a flood paused: say what was held back
+        if self._held.ranges and self._left > 0 and self._resumable(now):   # a flood paused: say what was held back
             self._say_held(now)
         for stream, ranks in list(self._due.items()):
             if ranks and now - self._shown_at.get(stream, 0.0) >= PENDING_INTERVAL_S:
@@ -175,11 +179,17 @@ class TextView(Sink):
                 ranks.discard(rank)
                 self._show_pending(rank, stream, now)
 
-    def _room(self, now) -> bool:
-        """Output held back resumes only once a good share of the window is free again (so a
-        flood is said in a few notes, not one per line)."""
-        need = self.window.max_bytes * RESUME_SHARE if self._holding else 1
-        return self.window.room(now) >= need
+    def _room(self, now, stream) -> float:
+        """Bytes ``stream`` may write now. stdout leaves a share of the window to stderr, and a
+        stream held back resumes only once a good share is free again (so a flood is said in a
+        few notes, not one per line)."""
+        room = self.window.room(now) - (self.window.max_bytes * STDERR_RESERVE if stream == "stdout" else 0)
+        if stream in self._holding and room < self.window.max_bytes * RESUME_SHARE:
+            return 0
+        return max(0, room)
+
+    def _resumable(self, now) -> bool:
+        return all(self._room(now, s) > 0 for s in self._holding or ("stderr",))
 
     def _show_pending(self, rank, stream, now):
         term = self._terms.get((rank, stream))
@@ -230,14 +240,14 @@ class TextView(Sink):
         """Write (ranks, line) entries, as far as they fit; the rest is held back and said."""
         numbered = self._number(stream, entries)
         now = self._clock()
-        if self._left > 0 and self._held.ranges and self._room(now):
+        if self._left > 0 and self._held.ranges and self._resumable(now):
             self._say_held(now)
         texts = [f"{prefix(ranks)}{line}\n" for ranks, line, _ in numbered]
-        if self._left <= 0 or (self._holding and not self._room(now)):
+        room = self._room(now, stream) if self._left > 0 else 0
+        if not room:
             keep = 0
         else:
-            self._holding = False
-            room = self.window.room(now)
+            self._holding.discard(stream)
             capped = room >= self._left   # the size limit, not the rate, is what is left
             room = min(room, self._left)
             text = "".join(texts)
@@ -261,7 +271,7 @@ class TextView(Sink):
                 self._send("stderr", f"nbddp: {self._why_held()}: further lines are not shown here (how many: "
                                      f"at the end); every line is in the logs: {self.log_dir}\n", now)
         if keep < len(numbered):
-            self._holding = True
+            self._holding.add(stream)
             for ranks, _, firsts in numbered[keep:]:
                 for r, n in zip(ranks, firsts):
                     self._held.add(r, stream, n)
@@ -274,7 +284,7 @@ class TextView(Sink):
 
     def _say_held(self, now):
         spans = self._held.said()
-        self._holding = False
+        self._holding = set()
         self._erase("stderr")
         self._send("stderr", f"nbddp: not shown here ({self._why_held()}): {spans}; every line is in "
                              f"the logs: {self.log_dir}\n", now)
@@ -295,6 +305,8 @@ class TextView(Sink):
         for stream in ("stdout", "stderr"):
             self._erase(stream)
         self._due.clear()
+        if self._held.stderr_ranks:   # the DDPError then carries their tracebacks itself
+            result.displayed = [r for r in getattr(result, "displayed", []) if r not in self._held.stderr_ranks]
         if self._held.total:
             total = sum(self._held.total.values())
             counts = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(self._held.total.items()))
