@@ -63,3 +63,61 @@ def test_keys_can_carry_the_stream():
     m = SameLines(range(2))
     out = feed(m, [(0, ("stdout", "x")), (1, ("stdout", "x")), (1, ("stderr", "x"))]) + m.flush()
     assert out == [((0, 1), ("stdout", "x")), ((1,), ("stderr", "x"))]
+
+
+# ---------------------------------------------- the all-ranks view and the transcript
+def _collector(n=4, same_lines="merge"):
+    from nbddp.core.result import RankResult, RunResult
+    from nbddp.core.spec import make_spec
+    from nbddp.core.states import RankState
+    from nbddp.views.transcript import Collector
+
+    spec = make_spec(n=n, same_lines=same_lines)
+    c = Collector(spec)
+    result = RunResult(ranks=[RankResult(rank=r, local_rank=r, node_rank=0, state=RankState.OK) for r in range(n)],
+                       world_size=n, log_dir="/logs/1", started_at=1.0, ended_at=2.0)
+    c.launch_started(result, spec, "gloo")
+    return c, result
+
+
+def test_the_all_ranks_view_says_a_line_every_rank_printed_once():
+    from nbddp.views.transcript import lines_html
+
+    c, result = _collector()
+    for rank in (1, 0, 3, 2):
+        c.output(rank, "stdout", f"epoch 1 done\nloss {rank}\n".encode())
+    for rank in range(4):
+        c.rank_exited(result.rank(rank))
+    c.launch_finished(result)
+    entries = list(c.all.lines)
+    assert entries[0] == ("stdout", ((0, 1, 2, 3), "epoch 1 done"))
+    assert sorted(e for e in entries[1:]) == [("stdout", (r, f"loss {r}")) for r in range(4)]
+    assert "[ranks 0–3]: epoch 1 done" in lines_html(entries, with_rank=True)
+    assert "[rank2]: loss 2" in lines_html(entries, with_rank=True)
+
+
+def test_apart_keeps_every_ranks_line_in_the_all_ranks_view():
+    c, result = _collector(n=2, same_lines="apart")
+    for rank in (0, 1):
+        c.output(rank, "stdout", b"epoch 1 done\n")
+    c.launch_finished(result)
+    assert list(c.all.lines) == [("stdout", (0, "epoch 1 done")), ("stdout", (1, "epoch 1 done"))]
+
+
+def test_the_transcript_gives_ranks_with_the_same_output_one_section():
+    from nbddp.views.transcript import render_html, render_text
+
+    c, result = _collector()
+    for rank in range(4):
+        c.output(rank, "stdout", b"epoch 1 done\nepoch 2 done\n" if rank != 2 else b"epoch 1 done\nNaN!\n")
+    c.launch_finished(result)
+    text = render_text(c)
+    assert "--- ranks 0–1,3, the same on each (2 lines) ---" in text and "--- rank 2 (2 lines) ---" in text
+    assert text.count("epoch 2 done") == 1 and text.count("epoch 1 done") == 2, text
+    page = render_html(c)
+    assert "ranks 0–1,3, the same on each — ok (2 lines)" in page and page.count("epoch 2 done") == 1
+    c2, _ = _collector(same_lines="apart")
+    for rank in range(4):
+        c2.output(rank, "stdout", b"epoch 1 done\n")
+    c2.launch_finished(c2.result)
+    assert render_text(c2).count("epoch 1 done") == 4

@@ -26,7 +26,7 @@ import time
 from nbddp.core.iopubrate import SERVER_DATA_RATE, RateWindow, stream_bytes
 from nbddp.core.samelines import SameLines
 from nbddp.core.sink import Sink
-from nbddp.core.summary import label
+from nbddp.core.summary import label, wrapped
 from nbddp.views import terminal
 from nbddp.views import transcript
 from nbddp.views.terminal import Terminal
@@ -286,12 +286,12 @@ class TextView(Sink):
         spans = self._held.said()
         self._holding = set()
         self._erase("stderr")
-        self._send("stderr", f"nbddp: not shown here ({self._why_held()}): {spans}; every line is in "
-                             f"the logs: {self.log_dir}\n", now)
+        self._send("stderr", wrapped(f"nbddp: not shown here ({self._why_held()}): {spans}; every line is "
+                                     f"in the logs: {self.log_dir}") + "\n", now)
 
     def note(self, text: str):
         self._erase("stderr")
-        self._send("stderr", f"nbddp: {text}\n")
+        self._send("stderr", wrapped(f"nbddp: {text}") + "\n")
 
     def launch_finished(self, result):
         for (rank, stream), term in sorted(self._terms.items()):
@@ -309,12 +309,12 @@ class TextView(Sink):
             result.displayed = [r for r in getattr(result, "displayed", []) if r not in self._held.stderr_ranks]
         if self._held.total:
             total = sum(self._held.total.values())
-            counts = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(self._held.total.items()))
+            counts = "; ".join(f"rank {r}: {n:,}" for r, n in sorted(self._held.total.items()))
             spans = self._held.said()
             text = (f"nbddp: {total:,} line{'s' if total != 1 else ''} not shown here ({counts}): "
                     f"{self._why_held()}{f'; the last: {spans}' if spans else ''}. Every line is in the logs: "
                     f"{result.log_dir} (_ddp.ranks[i].stdout reads them)\n")
-            self._report(text)
+            self._report(wrapped(text.rstrip("\n")) + "\n")
         for stream in ("stdout", "stderr") if self._flush else ():
             try:
                 self._stream(stream).flush()

@@ -222,6 +222,8 @@ class WidgetView(Sink):
         if now - self._header_at >= HEADER_INTERVAL_S and (
                 self._header_dirty or any(r.state in (STARTING, RUNNING) for r in self.c.result.ranks)):
             self._push_header()
+        if self.c.tick(now) and "all" in self.panes:   # lines said once for several ranks (--same-lines merge)
+            self.panes["all"].dirty = True
         self._credit = min(BURST_CHARS, self._credit + (now - self._credit_at) * RATE_CHARS_PER_S)
         self._credit_at = now
         due = [p for p in self.panes.values() if p.dirty and now - p.pushed_at >= PANE_INTERVAL_S]
