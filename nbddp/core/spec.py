@@ -40,7 +40,7 @@ class LaunchSpec:
     start_method: str = "forkserver"
     ranks_shown: tuple[int, ...] | None = None
     output: str = "auto"
-    same_lines: str = "merge"
+    same_lines: str | None = None     # None: merge, unless NBDDP_SAME_LINES=apart (views/choose.py)
     log_dir: str | None = None
     script_args: tuple[str, ...] = ()
     launcher: str = "local"
@@ -233,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show only these ranks' output, e.g. 0 or 0,2 (all ranks still run)")
     p.add_argument("--output", choices=OUTPUTS, default="auto",
                    help="auto: live widgets where a widget front end is connected, else text")
-    p.add_argument("--same-lines", dest="same_lines", choices=SAME_LINES, default="merge",
-                   help="merge: a line several ranks print is shown once, as [ranks 0–3]:; apart: per rank")
+    p.add_argument("--same-lines", dest="same_lines", choices=SAME_LINES, default=None,
+                   help="merge (default): a line several ranks print is shown once, as [ranks 0–3]:; apart: per rank")
     p.add_argument("--log-dir", dest="log_dir", default=None, help="where full per-rank logs are kept")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local",
                    help="local (fast workers on this machine) or torchrun (torch.distributed.run)")
@@ -382,7 +382,7 @@ def _check(spec: LaunchSpec) -> None:
         raise DDPUsageError(f"%%ddp: --start-method must be one of {', '.join(START_METHODS)}")
     if spec.output not in OUTPUTS:
         raise DDPUsageError(f"%%ddp: --output must be one of {', '.join(OUTPUTS)}, got {spec.output!r}")
-    if spec.same_lines not in SAME_LINES:
+    if spec.same_lines is not None and spec.same_lines not in SAME_LINES:
         raise DDPUsageError(f"%%ddp: --same-lines must be one of {', '.join(SAME_LINES)}, got {spec.same_lines!r}")
     if spec.launcher not in LAUNCHERS:
         raise DDPUsageError(f"%%ddp: --launcher must be one of {', '.join(LAUNCHERS)}, got {spec.launcher!r}")

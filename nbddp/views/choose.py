@@ -9,6 +9,7 @@ papermill-run notebook keeps a per-rank transcript). ``--output auto`` decides p
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from nbddp.core.sink import Sink
 from nbddp.views import transcript
@@ -96,7 +97,17 @@ class TranscriptView(Sink):
                       metadata={"nbddp": {"transcript": True}})
 
 
+def same_lines(spec) -> str:
+    """``--same-lines``, or where the line did not say: ``NBDDP_SAME_LINES`` in the kernel's
+    environment (merge|apart), else merge (a line every rank printed, said once)."""
+    if spec.same_lines:
+        return spec.same_lines
+    forced = os.environ.get("NBDDP_SAME_LINES", "").strip().lower()
+    return forced if forced in ("merge", "apart") else "merge"
+
+
 def make_sinks(spec, shell=None) -> list:
+    spec = replace(spec, same_lines=same_lines(spec))
     mode = output_mode(spec, shell)
     in_kernel = shell is not None and getattr(shell, "kernel", None) is not None
     if mode == "widgets":
