@@ -9,9 +9,6 @@ import asyncio
 import json
 import os
 import re
-import secrets
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -19,7 +16,7 @@ import uuid
 import pytest
 
 from frontend import visible_lines
-from helpers import free_port
+from helpers import jupyter_server
 
 pytestmark = pytest.mark.kernel
 
@@ -34,33 +31,10 @@ if rank == 1:
 
 @pytest.fixture
 def server(tmp_path):
-    port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
     env.pop("NBDDP_OUTPUT", None)
-    log = open(tmp_path / "server.log", "wb")
-    proc = subprocess.Popen(   # the defaults of the limits are what is tested: none is set here
-        [sys.executable, "-m", "jupyter_server", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
-         "--allow-root"], cwd=str(tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"http://{base}/api/status?token={token}", timeout=2).read()
-            break
-        except Exception:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.close()
-                pytest.fail("jupyter_server did not start:\n" + (tmp_path / "server.log").read_text()[-3000:])
-            time.sleep(0.3)
-    yield base, token
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-    log.close()
+    with jupyter_server("jupyter_server", tmp_path, env, tmp_path / "server.log") as (base, token):
+        yield base.removeprefix("http://"), token
 
 
 def _api(base, token, path, method="GET", body=None):
