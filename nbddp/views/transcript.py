@@ -287,7 +287,8 @@ def _section_name(collector: Collector, ranks: list, tail: Tail) -> tuple[str, s
     for ranks that printed the same."""
     if len(ranks) == 1:
         return f"rank {ranks[0]}", log_path(collector.result, ranks[0])
-    return f"{summary.label(ranks)}, the same on each", collector.result.log_dir
+    same = ", the same on each" if tail.total else ""
+    return f"{summary.label(ranks)}{same}", collector.result.log_dir
 
 
 def _without_traceback(lines: list, rank_result) -> list:
