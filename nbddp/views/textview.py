@@ -52,6 +52,10 @@ def prefix(ranks) -> str:
     return f"[rank{ranks[0]}]:" if len(ranks) == 1 else f"[{label(ranks)}]:"
 
 
+def _other(stream: str) -> str:
+    return "stderr" if stream == "stdout" else "stdout"
+
+
 class _Held:
     """Lines not written (over the rate or the size limit), by rank and stream, with their line
     numbers in the rank's log file."""
@@ -202,6 +206,7 @@ class TextView(Sink):
         if not self.window.fits(now, stream_bytes(text) + front_end_width(text) + 4):
             return
         self._erase(stream)
+        self._flush_stream(_other(stream))   # what the other stream has waiting goes out before this line
         self._send(stream, "\r" + text, now)
         self._shown[stream] = (rank, front_end_width(text))
         self._shown_at[stream] = self._rank_shown_at[(rank, stream)] = now
@@ -212,17 +217,23 @@ class TextView(Sink):
         back at the start). The other stream's too: front ends put a stream's text after the
         other stream's into a new output, where a \r no longer reaches the old line; that blank
         is flushed first, so it arrives before what follows on this stream."""
-        for name in (stream, "stderr" if stream == "stdout" else "stdout"):
+        for name in (stream, _other(stream)):
             shown = self._shown.pop(name, None)
             if shown is None:
                 continue
             self._send(name, "\r" + " " * shown[1] + "\r")
             self._due.setdefault(name, set()).add(shown[0])   # shown again below the new lines, if still pending
             if name != stream:
-                try:
-                    self._stream(name).flush()   # ipykernel: bounded by its flush_timeout
-                except Exception:
-                    pass
+                self._flush_stream(name)
+
+    def _flush_stream(self, name):
+        """Send what ``name`` holds now. ipykernel batches each stream on its own (0.2 s), so
+        without this a line shown in place on one stream could reach the front end before text
+        written earlier to the other, which would then start a new output below it."""
+        try:
+            self._stream(name).flush()   # ipykernel: bounded by its flush_timeout
+        except Exception:
+            pass
 
     def _number(self, stream, entries) -> list:
         """Each entry's first line number per rank (as in the rank's log file)."""
