@@ -164,3 +164,16 @@ def test_apart_writes_every_ranks_line():
     view.launch_finished(result)
     out = "".join(text for _, text in streams.messages)
     assert "[rank0]:epoch 1 done\n" in out and "[rank1]:epoch 1 done\n" in out
+
+
+def test_a_terminal_has_no_server_between_so_nothing_is_paced():
+    clock = Clock()
+    streams = Streams(clock)
+    view = TextView(make_spec(n=1, output="text"), out=streams.of("stdout"), err=streams.of("stderr"),
+                    header=False, clock=clock, sleep=clock.sleep)   # no window: as outside a kernel
+    result = SimpleNamespace(log_dir="/tmp/nbddp-test/launch-1", ranks=[])
+    view.launch_started(result, None, "gloo")
+    view.output(0, "stdout", b"".join(b"x" * 100 + b"\n" for _ in range(40_000)))   # 4 MB at once
+    view.launch_finished(result)
+    assert "".join(t for _, t in streams.messages).count("x" * 100) == 40_000
+    assert clock.t == 1000.0

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from nbddp.core.sink import Sink
 from nbddp.views import transcript
-from nbddp.views.textview import TextView
+from nbddp.views.textview import KERNEL_WINDOW, TextView
 
 # execute_request metadata that JupyterLab (and Notebook 7, built on it) send with every cell;
 # plain jupyter_client, nbclient and papermill send only "cellId" or nothing.
@@ -117,5 +117,5 @@ def make_sinks(spec, shell=None) -> list:
     if in_kernel:
         # the transcript's display flushes the kernel's streams first (ipykernel does, to keep
         # them in order), so the text view's own flush, a wait on the IO thread, is not needed
-        return [TextView(spec, flush=False), TranscriptView(spec)]
+        return [TextView(spec, flush=False, window=KERNEL_WINDOW), TranscriptView(spec)]
     return [TextView(spec)]

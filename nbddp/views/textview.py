@@ -38,7 +38,8 @@ RESUME_SHARE = 1 / 3          # held-back output resumes once this share of the 
 STDERR_RESERVE = 0.2          # of the window kept for stderr (warnings, tracebacks) while stdout floods
 REPORT_WAIT_S = 4.0           # the end-of-cell note waits at most this long for room
 
-KERNEL_WINDOW = RateWindow()  # one per kernel: every text view's writes share the server's limit
+KERNEL_WINDOW = RateWindow()  # one per kernel: every view's output shares the server's limit
+UNPACED = RateWindow(data_rate=float("inf"), msg_rate=float("inf"))   # a terminal: no server between
 
 
 def front_end_width(text: str) -> int:
@@ -98,7 +99,7 @@ class TextView(Sink):
         self._out = out
         self._err = err
         self.header = header
-        self.window = window or KERNEL_WINDOW
+        self.window = window or UNPACED   # make_sinks passes KERNEL_WINDOW in a Jupyter kernel
         self._clock, self._sleep = clock, sleep
         self._terms: dict[tuple[int, str], Terminal] = {}
         self._shown: dict[str, tuple[int, int]] = {}   # stream -> (rank, width) of the line shown in place
@@ -187,7 +188,10 @@ class TextView(Sink):
         """Bytes ``stream`` may write now. stdout leaves a share of the window to stderr, and a
         stream held back resumes only once a good share is free again (so a flood is said in a
         few notes, not one per line)."""
-        room = self.window.room(now) - (self.window.max_bytes * STDERR_RESERVE if stream == "stdout" else 0)
+        room = self.window.room(now)
+        if room == float("inf"):   # no server between (a terminal)
+            return room
+        room -= self.window.max_bytes * STDERR_RESERVE if stream == "stdout" else 0
         if stream in self._holding and room < self.window.max_bytes * RESUME_SHARE:
             return 0
         return max(0, room)
@@ -279,8 +283,8 @@ class TextView(Sink):
                 self._left -= cost
             if capped and keep < len(texts):
                 self._left = 0
-                self._send("stderr", f"nbddp: {self._why_held()}: further lines are not shown here (how many: "
-                                     f"at the end); every line is in the logs: {self.log_dir}\n", now)
+                self._send("stderr", wrapped(f"nbddp: {self._why_held()}: further lines are not shown here (how "
+                                             f"many: at the end); every line is in the logs: {self.log_dir}") + "\n", now)
         if keep < len(numbered):
             self._holding.add(stream)
             for ranks, _, firsts in numbered[keep:]:
