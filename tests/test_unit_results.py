@@ -183,4 +183,3 @@ def test_status_files_confirm_renumber_restart_and_end_ranks(tmp_path):
         RankState.TERMINATED, "stopped by torchrun after another rank failed")
     assert events == [("rank_started", 2), ("rank_started", 2), ("rank_exited", 2), ("rank_exited", 1)]
     assert DDPError(res).args[0].splitlines()[:2] == ["rank 2 failed", "rank 2: failed (ValueError: bad at cell line 4)"]
-
