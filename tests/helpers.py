@@ -2,8 +2,13 @@
 still run. (The kernel driver is tests/kernel.py.)"""
 from __future__ import annotations
 
+import contextlib
+import secrets
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
 
 import psutil
 
@@ -42,3 +47,37 @@ def wait_gone(pids, timeout: float = 5.0) -> list[int]:
     """Wait (``timeout`` s at most) until none of ``pids`` runs; the ones still running."""
     wait_until(lambda: not alive(pids), timeout)
     return alive(pids)
+
+
+@contextlib.contextmanager
+def jupyter_server(module: str, root, env: dict, log_path, *args: str, timeout: float = 90):
+    """A Jupyter server (``module``: "jupyterlab", "jupyter_server", …) on a free loopback port with
+    a token, serving ``root``; yields (base URL, token) once it answers, ends it afterwards. Its
+    iopub rate limits are left at their defaults."""
+    port, token = free_port(), secrets.token_hex(16)
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
+         "--allow-root", *args], cwd=str(root), env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2).read()
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.close()
+                    raise RuntimeError(f"{module} did not start:\n" + open(log_path).read()[-3000:])
+                time.sleep(0.3)
+        yield base, token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()

@@ -32,8 +32,10 @@ def assert_recovered(kernel, pids=()):
 
 
 def report(reply):
+    """What the cell said of its failure: nbddp's notes as they came (a hang's report is said
+    there, once) and the error."""
     assert reply.error, f"the cell raised nothing: {reply.text[-2000:]}"
-    return "\n".join(reply.error["traceback"])
+    return " ".join((reply.stderr + "\n".join(reply.error["traceback"])).split())   # lines wrapped at spaces: joined
 
 
 def printed_pids(text, tag="PID"):

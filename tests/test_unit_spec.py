@@ -66,7 +66,9 @@ CASES = {
         lambda: parse_line("--env MASTER_PORT=29500"), also(lambda: parse_line("--env RANK=0")),
         also(lambda: parse_line("--env WORLD_SIZE=2"))],
     "`--backend foo` / `--start-method fork`": [lambda: parse_line("--backend foo"),
-                                                also(lambda: parse_line("--start-method fork"))],
+                                                also(lambda: parse_line("--start-method fork")),
+                                                also(lambda: parse_line("--same-lines both")),
+                                                also(lambda: nbddp.run("pass", same_lines="both"))],
     "`-n 2 --ranks 5`": [lambda: parse_line("-n 2 --ranks 5")],
     "`--start-method spawn`, or a non-local `--master-addr`, with `NBDDP_PRIVATE_NET=1`": [
         lambda: rules.check_private_net(parse_line("--start-method spawn"), "NBDDP_PRIVATE_NET", True),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 
 from nbddp.core.states import RankState
 from nbddp.core.summary import label
@@ -115,8 +114,11 @@ def _source_line(source: str | None, line: int) -> str:
     return lines[line - 1].strip() if 0 < line <= len(lines) else ""
 
 
+TIMEOUT_NOTE = "timed out after"   # how the timeout report starts (and the views and DDPTimeout find it)
+
+
 def timeout_report(timeout_s: float, result) -> str:
-    text = f"timed out after {timeout_s:g} s. " + where_ranks_are(result)
+    text = f"{TIMEOUT_NOTE} {timeout_s:g} s. " + where_ranks_are(result)
     hint = split_ranks_hint(result)
     return f"{text} Hint: {hint}" if hint else text
 
@@ -145,16 +147,29 @@ IDLE_WARNING = "warning: no output from any rank"   # how the views recognise th
 
 def idle_report(idle_s: float, result, live, timeout: float | None = None) -> str:
     """The idle warning; with ``--timeout`` given it says when the cell will be stopped
-    instead of suggesting the option."""
+    instead of suggesting the option (in words that stay true once the cell has ended: no
+    countdown)."""
     if timeout is None:
         ending = "(use --timeout SECONDS to stop such a cell automatically)"
     else:
-        left = max(0.0, timeout - (time.time() - result.started_at))
-        ending = f"(--timeout {timeout:g} stops the cell in {left:.0f} s)"
+        ending = f"(--timeout {timeout:g} stops the cell {timeout:g} s after it started)"
     return (f"{IDLE_WARNING} for {idle_s:.0f} s and ranks still running; "
             f"a hung collective? {where_ranks_are(result, live)} "
             + (f"Hint: {split_ranks_hint(result)} " if split_ranks_hint(result) else "")
             + ending)
+
+
+def is_hang_note(note: str) -> bool:
+    """The idle warning or the timeout report: what a hang says (once, in the final report)."""
+    return note.startswith(IDLE_WARNING) or note.startswith(TIMEOUT_NOTE)
+
+
+def final_notes(notes) -> list[str]:
+    """The notes a final report keeps: once the timeout report came (it says where each rank
+    ended), an earlier idle warning saying much the same is history."""
+    if any(n.startswith(TIMEOUT_NOTE) for n in notes):
+        return [n for n in notes if not n.startswith(IDLE_WARNING)]
+    return list(notes)
 
 
 def where_ranks_are(result, only=None) -> str:

@@ -9,7 +9,8 @@ from typing import Any
 
 from nbddp.core.rankfiles import RankFiles
 from nbddp.core.states import FINAL_STATES, RankState  # noqa: F401 - FINAL_STATES: imported from here
-from nbddp.core.summary import label, state_lines
+from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
+from nbddp.core.summary import label, state_lines, wrapped
 
 # Rank states (nbddp/core/states.py), by the names the sources and views import from here.
 STARTING, RUNNING, OK, FAILED, TIMED_OUT, KILLED, TERMINATED, INTERRUPTED = RankState
@@ -134,8 +135,9 @@ class RunResult:
     def stderr(self) -> list[str]:
         return [r.stderr for r in self.ranks]
 
-    def summary(self) -> str:
-        """A few lines naming each failed rank and its cause, then what happened to the rest."""
+    def summary(self, hang_notes: bool = True) -> str:
+        """A few lines naming each failed rank and its cause, then what happened to the rest,
+        then nbddp's notes (``hang_notes=False``: without the idle warning and timeout report)."""
         if self.ok:
             if self.remote:
                 return (f"all {len(self.ranks)} ranks on this node (of {self.world_size} in the job) "
@@ -145,7 +147,7 @@ class RunResult:
         oks = [r.rank for r in self.ranks if r.ok]
         if oks:
             lines.append(f"{label(oks)} finished ok")
-        return "\n".join(lines + self.notes)
+        return "\n".join(lines + [n for n in final_notes(self.notes) if hang_notes or not is_hang_note(n)])
 
     def raise_for_status(self) -> "RunResult":
         if self.ok:
@@ -182,12 +184,15 @@ class DDPError(RuntimeError):
         return f"{label([r.rank for r in bad])} failed"
 
     def _render_traceback_(self):
-        """IPython shows this instead of a traceback from inside nbddp."""
+        """IPython shows this instead of a traceback from inside nbddp, each line wrapped at
+        word boundaries. What a view already showed is not said again: a failed rank's
+        traceback, and a hang's report (where each rank waited, the hint)."""
         lines = [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self._headline()}"]
-        lines += ["  " + line for line in self.result.summary().splitlines()]
+        shown_hang = bool(self.result.displayed) and any(is_hang_note(n) for n in self.result.notes)
+        lines += [wrapped("  " + line) for line in self._report_lines(self.result.summary(hang_notes=not shown_hang))]
         for r in self.result.failed:
             if r.hint:
-                lines.append(f"  hint (rank {r.rank}): {r.hint}")
+                lines.append(wrapped(f"  hint (rank {r.rank}): {r.hint}"))
         shown = set(self.result.displayed)
         with_traceback = [r for r in self.result.failed if r.exception and r.exception.get("traceback")]
         for r in with_traceback:  # a traceback once: here only where no view showed it
@@ -201,12 +206,33 @@ class DDPError(RuntimeError):
             where = f"{label(above)}: tracebacks in their output above; "
         else:
             where = ""
-        lines.append(f"({where}full per-rank logs: {self.result.log_dir}; the result is in _ddp)")
+        if shown_hang:
+            where += "where each rank waited: nbddp's note above; "
+        lines.append(wrapped(f"({where}full per-rank logs: {self.result.log_dir}; the result is in _ddp)"))
         return lines
+
+    def _report_lines(self, summary: str) -> list[str]:
+        return summary.splitlines()
 
 
 class DDPTimeout(DDPError):
     """Raised when the launch ran past ``--timeout``; the ranks' stacks say where they were."""
 
+    def _timeout_note(self) -> str | None:
+        return next((n for n in self.result.notes if n.startswith(TIMEOUT_NOTE)), None)
+
     def _headline(self) -> str:
-        return "timed out"
+        note = self._timeout_note()   # "timed out after 20 s. rank 0 blocked at …"
+        return note.split(". ", 1)[0] if note else "timed out"
+
+    def _report_lines(self, summary: str) -> list[str]:
+        """The timeout report without what the headline said, its hint on a line of its own."""
+        note, lines = self._timeout_note(), []
+        for line in summary.splitlines():
+            if line == note:
+                rest = note.split(". ", 1)[1] if ". " in note else ""
+                where, _, hint = rest.partition(" Hint: ")
+                lines += [x for x in (where, hint and f"Hint: {hint}") if x]
+            else:
+                lines.append(line)
+        return lines

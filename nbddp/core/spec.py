@@ -19,6 +19,7 @@ from nbddp.core.errors import DDPUsageError
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 START_METHODS = ("forkserver", "spawn")
 OUTPUTS = ("auto", "widgets", "text")
+SAME_LINES = ("merge", "apart")   # identical lines of several ranks: once ([ranks 0–3]:) or per rank
 LAUNCHERS = ("local", "torchrun", "slurm")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -39,6 +40,7 @@ class LaunchSpec:
     start_method: str = "forkserver"
     ranks_shown: tuple[int, ...] | None = None
     output: str = "auto"
+    same_lines: str | None = None     # None: merge, unless NBDDP_SAME_LINES=apart (views/choose.py)
     log_dir: str | None = None
     script_args: tuple[str, ...] = ()
     launcher: str = "local"
@@ -232,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show only these ranks' output, e.g. 0 or 0,2 (all ranks still run)")
     p.add_argument("--output", choices=OUTPUTS, default="auto",
                    help="auto: live widgets where a widget front end is connected, else text")
+    p.add_argument("--same-lines", dest="same_lines", choices=SAME_LINES, default=None,
+                   help="merge (default): a line several ranks print is shown once, as [ranks 0–3]:; apart: per rank")
     p.add_argument("--log-dir", dest="log_dir", default=None, help="where full per-rank logs are kept")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local",
                    help="local (fast workers on this machine) or torchrun (torch.distributed.run)")
@@ -293,7 +297,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
                      master_addr=ns.master_addr, master_port=ns.master_port, backend=ns.backend,
                      timeout=ns.timeout, idle_warning=ns.idle_warning, env=dict(ns.env),
                      legacy_launch=ns.legacy_launch, start_method=ns.start_method,
-                     ranks_shown=ns.ranks_shown, output=ns.output, log_dir=ns.log_dir,
+                     ranks_shown=ns.ranks_shown, output=ns.output, same_lines=ns.same_lines, log_dir=ns.log_dir,
                      script_args=script_args, launcher=ns.launcher, rdzv_endpoint=ns.rdzv_endpoint,
                      rdzv_backend=ns.rdzv_backend, rdzv_id=ns.rdzv_id, max_restarts=ns.max_restarts,
                      rdzv_timeout=ns.rdzv_timeout,
@@ -381,6 +385,8 @@ def _check(spec: LaunchSpec) -> None:
         raise DDPUsageError(f"%%ddp: --start-method must be one of {', '.join(START_METHODS)}")
     if spec.output not in OUTPUTS:
         raise DDPUsageError(f"%%ddp: --output must be one of {', '.join(OUTPUTS)}, got {spec.output!r}")
+    if spec.same_lines is not None and spec.same_lines not in SAME_LINES:
+        raise DDPUsageError(f"%%ddp: --same-lines must be one of {', '.join(SAME_LINES)}, got {spec.same_lines!r}")
     if spec.launcher not in LAUNCHERS:
         raise DDPUsageError(f"%%ddp: --launcher must be one of {', '.join(LAUNCHERS)}, got {spec.launcher!r}")
     if spec.master_port is not None and not 1 <= int(spec.master_port) <= 65535:

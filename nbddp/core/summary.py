@@ -3,6 +3,8 @@
 the transcript and the chips. Pure."""
 from __future__ import annotations
 
+import re
+
 from nbddp.core.states import CAUSING, RankState  # CAUSING: never folded together
 
 
@@ -52,3 +54,43 @@ def asking_line(rank: int | None, waiting, purpose: str | None) -> str:
         return f"no rank is at a prompt{waits}" if waits else "no rank is at a prompt now"
     what = "asks for input" if purpose == "input" else "is in the debugger"
     return f"rank {rank} {what} (answer in the input box){waits}"
+
+
+WIDTH = 100   # columns of nbddp's own report lines: JupyterLab breaks a longer <pre> line anywhere
+
+
+def wrapped(text: str, width: int = WIDTH, indent: str = "  ") -> str:
+    """Each long line of ``text`` broken into lines of at most ``width`` columns, the added ones
+    starting with ``indent`` (after the line's own): between clauses ("; ", ". ") where it can,
+    so "rank 1 blocked at cell line 8: dist.barrier()" stays whole, else between words; never
+    inside a word (JupyterLab's output CSS, ``word-break: break-all``, breaks "d|ist.barrier()")."""
+    return "\n".join(_wrap_line(line, width, indent) for line in text.split("\n"))
+
+
+def _wrap_line(line: str, width: int, indent: str) -> str:
+    if len(line) <= width:
+        return line
+    lead = line[:len(line) - len(line.lstrip(" "))]
+    lines, current = [], lead
+
+    def fits(piece: str) -> bool:
+        return len(current) + len(piece.rstrip()) <= width
+
+    for clause in re.findall(r".+?(?:[;.] (?=\S)|$)", line[len(lead):]):
+        if fits(clause):
+            current += clause
+            continue
+        if current.strip():
+            lines.append(current.rstrip())
+            current = lead + indent
+        if fits(clause):
+            current += clause
+            continue
+        for word in clause.split(" "):   # a clause longer than a line: between its words
+            if word:
+                if current.strip() and len(current) + len(word) > width:
+                    lines.append(current.rstrip())
+                    current = lead + indent
+                current += word + " "
+    lines.append(current.rstrip())
+    return "\n".join(lines)

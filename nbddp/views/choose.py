@@ -9,10 +9,11 @@ papermill-run notebook keeps a per-rank transcript). ``--output auto`` decides p
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from nbddp.core.sink import Sink
 from nbddp.views import transcript
-from nbddp.views.textview import TextView
+from nbddp.views.textview import KERNEL_WINDOW, TextView
 
 # execute_request metadata that JupyterLab (and Notebook 7, built on it) send with every cell;
 # plain jupyter_client, nbclient and papermill send only "cellId" or nothing.
@@ -96,7 +97,17 @@ class TranscriptView(Sink):
                       metadata={"nbddp": {"transcript": True}})
 
 
+def same_lines(spec) -> str:
+    """``--same-lines``, or where the line did not say: ``NBDDP_SAME_LINES`` in the kernel's
+    environment (merge|apart), else merge (a line every rank printed, said once)."""
+    if spec.same_lines:
+        return spec.same_lines
+    forced = os.environ.get("NBDDP_SAME_LINES", "").strip().lower()
+    return forced if forced in ("merge", "apart") else "merge"
+
+
 def make_sinks(spec, shell=None) -> list:
+    spec = replace(spec, same_lines=same_lines(spec))
     mode = output_mode(spec, shell)
     in_kernel = shell is not None and getattr(shell, "kernel", None) is not None
     if mode == "widgets":
@@ -106,5 +117,5 @@ def make_sinks(spec, shell=None) -> list:
     if in_kernel:
         # the transcript's display flushes the kernel's streams first (ipykernel does, to keep
         # them in order), so the text view's own flush, a wait on the IO thread, is not needed
-        return [TextView(spec, flush=False), TranscriptView(spec)]
+        return [TextView(spec, flush=False, window=KERNEL_WINDOW), TranscriptView(spec)]
     return [TextView(spec)]

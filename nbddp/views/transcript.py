@@ -13,6 +13,8 @@ import time
 from collections import deque
 
 from nbddp.core import summary
+from nbddp.core.diagnosis import final_notes
+from nbddp.core.samelines import SameLines
 from nbddp.views import terminal
 from nbddp.core.result import FINAL_STATES, KILLED, OK, RUNNING, STARTING, signal_name
 from nbddp.core.states import RankState
@@ -37,7 +39,9 @@ STATE_COLORS = {
 }
 STDERR_STYLE = "color:#a31515;background:#fff3f3"
 # a <pre> in nbconvert's HTML otherwise takes the page's proportional font
-PRE_STYLE = "margin:0;font-family:monospace,monospace;font-size:12px;white-space:pre-wrap"
+# (and JupyterLab's output CSS breaks a <pre>'s long lines anywhere, "d|ist.barrier()": at spaces here)
+PRE_STYLE = ("margin:0;font-family:monospace,monospace;font-size:12px;white-space:pre-wrap;"
+             "word-break:normal;overflow-wrap:anywhere")
 
 
 class Tail:
@@ -69,7 +73,10 @@ class Collector:
         self.result = None
         self.backend = None
         self.tails: dict[int, Tail] = {r: Tail(tail_lines) for r in range(spec.world_size) if spec.shown(r)}
-        self.all = Tail(all_lines)       # entries: (stream, (rank, text))
+        self.all = Tail(all_lines)       # entries: (stream, (rank, text)); rank a tuple: ranks that printed it
+        shown = sorted(self.tails)
+        self.merge = len(shown) > 1 and getattr(spec, "same_lines", "apart") == "merge"
+        self._same = SameLines(shown) if self.merge else None   # --same-lines merge: the all-ranks lines
         self.notes: list[str] = []
         self._terms: dict[tuple[int, str], Terminal] = {}
         self.finished = False
@@ -92,9 +99,28 @@ class Collector:
 
     def _add(self, rank, stream, lines):
         self.tails[rank].add(stream, lines)
-        self.all.total += len(lines)
-        keep = lines[-self.all.lines.maxlen:]
-        self.all.lines.extend((stream, (rank, line)) for line in keep)
+        if self._same is None:
+            self._add_all([((rank,), (stream, line)) for line in lines[-self.all.lines.maxlen:]], len(lines))
+            return
+        now = time.monotonic()
+        out = []
+        for line in lines:
+            out += self._same.add(rank, (stream, line), now)
+        self._add_all(out)
+
+    def _add_all(self, entries, total=None):
+        """(ranks, (stream, line)) entries into the interleaved tail."""
+        self.all.total += len(entries) if total is None else total
+        self.all.lines.extend((stream, (ranks[0] if len(ranks) == 1 else ranks, line))
+                              for ranks, (stream, line) in entries)
+
+    def tick(self, now: float | None = None) -> bool:
+        """Lines held to be said once for several ranks that may go out now; True if any did."""
+        if self._same is None:
+            return False
+        out = self._same.due(time.monotonic() if now is None else now)
+        self._add_all(out)
+        return bool(out)
 
     def pending(self, rank: int) -> list[tuple[str, str]]:
         """(stream, line) for each of the rank's streams with a line not ended yet (a progress bar)."""
@@ -128,6 +154,8 @@ class Collector:
                 rest = term.flush()
                 if rest:
                     self._add(rank_result.rank, stream, rest)
+        if self._same is not None:
+            self._add_all(self._same.ended(rank_result.rank, time.monotonic()))
 
     def launch_finished(self, result):
         self.result = result
@@ -135,6 +163,8 @@ class Collector:
             rest = term.flush()
             if rest:
                 self._add(rank, stream, rest)
+        if self._same is not None:
+            self._add_all(self._same.flush())
         self.finished = True
 
 
@@ -237,6 +267,30 @@ def _sections(collector: Collector):
     return [(rank, tail) for rank, tail in _local_tails(collector) if rank not in silent]
 
 
+def _same_sections(collector: Collector):
+    """(ranks, tail) per section: with --same-lines merge, ranks whose output is the same line for
+    line (and that ended in the same state) share one section; ranks that differ keep their own."""
+    sections = _sections(collector)
+    if not collector.merge:
+        return [([rank], tail) for rank, tail in sections]
+    groups: dict = {}
+    for rank, tail in sections:
+        res = collector.result.rank(rank)
+        key = (tuple(tail.lines), tail.total, res.state if res is not None else None) \
+            if not tail.display_total else ("apart", rank)
+        groups.setdefault(key, []).append((rank, tail))
+    return [([rank for rank, _ in members], members[0][1]) for members in groups.values()]
+
+
+def _section_name(collector: Collector, ranks: list, tail: Tail) -> tuple[str, str]:
+    """What a section is called and where its full log is: a rank's own, or the launch's folder
+    for ranks that printed the same."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}", log_path(collector.result, ranks[0])
+    same = ", the same on each" if tail.total else ""
+    return f"{summary.label(ranks)}{same}", collector.result.log_dir
+
+
 def _without_traceback(lines: list, rank_result) -> list:
     """A failed rank's lines with its traceback block said in one line: text mode streamed
     it above, and a saved notebook's text should carry each traceback once."""
@@ -265,18 +319,19 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
             if r.cause:
                 line += f" — {r.cause}"
             out.append(line)
-    for note in collector.notes:
-        out.append(f"note: {note}")
+    for note in ([] if streamed else final_notes(collector.notes)):   # text mode streamed each note
+        out.append(summary.wrapped(f"note: {note}"))
     if result.remote:
         out.append(f"  {summary.label(result.remote)}: on other nodes (their output is shown there)")
     out += _silent_lines(collector)
-    for rank, tail in _sections(collector):
+    for ranks, tail in _same_sections(collector):
+        rank, (name, log) = ranks[0], _section_name(collector, ranks, tail)
         lines = list(tail.lines)[-lines_per_rank:]
         if streamed:
             lines = _without_traceback(lines, result.rank(rank))
-        out.append(f"--- rank {rank} ({tail.total} line{'s' if tail.total != 1 else ''}) ---")
+        out.append(f"--- {name} ({tail.total} line{'s' if tail.total != 1 else ''}) ---")
         if tail.total > len(lines):
-            out.append(_hidden_note(tail, len(lines), f" (full log: {log_path(result, rank)})"))
+            out.append(_hidden_note(tail, len(lines), f" (full log: {log})"))
         for stream, text in lines:
             out.append(("stderr| " if stream == "stderr" else "") + terminal.plain(text))
         if tail.display_total:
@@ -342,7 +397,9 @@ def lines_html(entries, with_rank: bool = False) -> str:
                 parts.append(f'<span class="nbddp-stderr" style="{STDERR_STYLE}">[{html.escape(rank)}]: '
                              f'{html.escape(text)}</span>')
                 continue
-            text = f"[rank{rank}]: " + terminal.to_html(text)
+            # a tuple: ranks that printed the same line, said once (--same-lines merge)
+            who = summary.label(rank) if isinstance(rank, tuple) else f"rank{rank}"
+            text = f"[{who}]: " + terminal.to_html(text)
         else:
             text = terminal.to_html(item)
         if stream == "stderr":
@@ -365,8 +422,9 @@ def _display_html(bundle: dict) -> str:
 
 
 def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
-                include_displays: bool = True, expanded: bool = True) -> str:
-    """``expanded=False`` folds each rank's lines (text mode already streamed them above)."""
+                include_displays: bool = True, expanded: bool = True, notes: bool = True) -> str:
+    """``expanded=False`` folds each rank's lines, ``notes=False`` leaves nbddp's notes out (text
+    mode already streamed them above)."""
     result = collector.result
     out = ['<div class="nbddp-transcript">',
            f'<div><b>{html.escape(headline(result, collector.finished))}</b> '
@@ -376,7 +434,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
     for ranks, state, cause in summary.groups(result.ranks):
         if cause and (not folded or state in summary.CAUSING):
             out.append(f'<div style="color:#a31515">{html.escape(summary.label(ranks))}: {html.escape(cause)}</div>')
-    for note in collector.notes:
+    for note in final_notes(collector.notes) if notes else ():
         out.append(f'<pre style="{PRE_STYLE};color:#8a4b00">{html.escape(note)}</pre>')
     if result.remote:
         out.append(f'<div style="color:#666">{summary.label(result.remote)}: on other nodes '
@@ -384,14 +442,16 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
     failed = {r.rank for r in result.ranks if r.state in summary.CAUSING}
     for line in _silent_lines(collector):
         out.append(f'<div style="color:#666">{html.escape(line)}</div>')
-    for rank, tail in _sections(collector):
+    for ranks, tail in _same_sections(collector):
+        rank, (name, log) = ranks[0], _section_name(collector, ranks, tail)
         lines = list(tail.lines)[-lines_per_rank:]
-        is_open = expanded and (not failed or rank in failed)   # a failure: its ranks open, the rest folded
-        out.append(f'<details{" open" if is_open else ""}><summary>rank {rank} — {html.escape(status_words(result.rank(rank)))}'
+        is_open = expanded and (not failed or bool(failed & set(ranks)))   # a failure: its ranks open, the rest folded
+        words = status_words(result.rank(rank)) if len(ranks) == 1 else str(getattr(result.rank(rank), "state", ""))
+        out.append(f'<details{" open" if is_open else ""}><summary>{html.escape(name)} — {html.escape(words)}'
                    f' ({tail.total} line{"s" if tail.total != 1 else ""})</summary>')
         if tail.total > len(lines):
             out.append(f'<div style="color:#666"><i>{html.escape(_hidden_note(tail, len(lines), ""))}'
-                       f' (full log: <code>{html.escape(log_path(result, rank))}</code>)'
+                       f' (full log: <code>{html.escape(log)}</code>)'
                        f'</i></div>')
         first = tail.total - len(lines)          # the number of the first line shown
         at = 0
@@ -413,7 +473,8 @@ def bundle(collector: Collector, streamed: bool = False) -> dict:
     already streamed every line and rich output above, so the HTML folds each rank's lines
     (rich outputs left out) and the text says a failed rank's traceback in one line."""
     return {"text/plain": render_text(collector, streamed=streamed),
-            "text/html": render_html(collector, include_displays=not streamed, expanded=not streamed)}
+            "text/html": render_html(collector, include_displays=not streamed, expanded=not streamed,
+                                     notes=not streamed)}
 
 
 __all__ = ["Tail", "Collector", "bundle", "render_text", "render_html", "chips_html",

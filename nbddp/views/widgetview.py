@@ -32,6 +32,7 @@ from nbddp.core.diagnosis import IDLE_WARNING
 from nbddp.core.result import OK, RUNNING, STARTING
 from nbddp.core import summary
 from nbddp.core.summary import CAUSING, label
+from nbddp.views.textview import KERNEL_WINDOW, REPORT_WAIT_S
 from nbddp.views.transcript import Collector
 
 TAB_LIMIT = 8            # more shown ranks than this: a dropdown instead of a tab strip
@@ -150,7 +151,11 @@ class WidgetView(Sink):
                 WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.root.model_id}}
 
     def close(self):
-        """Close every widget of the view (and their layouts and styles): no comm outlives the cell."""
+        """Close every widget of the view (and their layouts and styles): no comm outlives the cell.
+        Each close is an iopub message the notebook server counts (1,000/s over 3 s), so the
+        messages are charged to the kernel's window (nbddp/core/iopubrate.py)."""
+        KERNEL_WINDOW.charge(time.monotonic(), 0, msgs=sum(len(p.blocks) for p in self.panes.values())
+                             + 3 * len(self._widgets))
         for pane in self.panes.values():
             pane.clear()
         for widget in self._widgets:
@@ -236,6 +241,8 @@ class WidgetView(Sink):
         if now - self._header_at >= HEADER_INTERVAL_S and (
                 self._header_dirty or any(r.state in (STARTING, RUNNING) for r in self.c.result.ranks)):
             self._push_header()
+        if self.c.tick(now) and "all" in self.panes:   # lines said once for several ranks (--same-lines merge)
+            self.panes["all"].dirty = True
         self._credit = min(BURST_CHARS, self._credit + (now - self._credit_at) * RATE_CHARS_PER_S)
         self._credit_at = now
         due = [p for p in self.panes.values() if p.dirty and now - p.pushed_at >= PANE_INTERVAL_S]
@@ -244,6 +251,7 @@ class WidgetView(Sink):
             if self._credit <= 0:   # the oldest panes go first next time
                 break
             self._credit -= self._push_pane(pane, now)
+            KERNEL_WINDOW.charge(now, 0, msgs=3)   # a block, its class, the pane's children (about)
 
     def launch_finished(self, result):
         self.c.launch_finished(result)
@@ -254,6 +262,11 @@ class WidgetView(Sink):
         if self.handle is not None:   # the durable output: the static transcript, no widget
             self.handle.update(transcript.bundle(self.c), raw=True)
         self.close()
+        # many ranks' panes close in a burst: the error raised next must not come while the
+        # server still counts it over its message rate (it would drop it)
+        wait = KERNEL_WINDOW.wait_for(time.monotonic(), 0, msgs=5)
+        if wait:
+            time.sleep(min(wait, REPORT_WAIT_S))
 
     def _relabel(self, focus=None):
         """Tab/dropdown labels carry each rank's state; ``focus``: the first rank that failed is shown."""
