@@ -64,18 +64,21 @@ time.sleep(30)
 """
 
 
-@pytest.fixture
-def lab(tmp_path):
+def _serve(tmp_path, cells, theme=None):
+    """JupyterLab (and Notebook 7, the same server, where installed) on a notebook ddp.ipynb of
+    ``cells``; yields (base url, token, tmp_path)."""
     root = tmp_path / "root"
     root.mkdir()
     nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
-                     "outputs": [], "source": src} for i, src in enumerate(["%load_ext nbddp", CELL, FLOOD, MANY, STREAM, HANG, FAIL16])],
+                     "outputs": [], "source": src} for i, src in enumerate(cells)],
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
     (root / "ddp.ipynb").write_text(json.dumps(nb))
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    if theme:
+        (settings / "themes.jupyterlab-settings").write_text(json.dumps({"theme": theme}))
     port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"))
@@ -97,14 +100,37 @@ def lab(tmp_path):
                 log.close()
                 pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
             time.sleep(0.3)
-    yield base, token, tmp_path
-    proc.terminate()
     try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-    log.close()
+        yield base, token, tmp_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+@pytest.fixture
+def lab(tmp_path):
+    yield from _serve(tmp_path, ["%load_ext nbddp", CELL, FLOOD, MANY, STREAM, HANG, FAIL16])
+
+
+def _run_all(page):
+    """Run All Cells once the kernel is idle (a click that lands while Lab is still settling can be lost)."""
+    from playwright.sync_api import expect
+    expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
+    first_prompt = page.locator(".jp-Cell").nth(0).locator(".jp-InputPrompt")
+    for attempt in range(3):
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_text("Run All Cells", exact=True).click()
+        try:
+            expect(first_prompt).to_contain_text("[1]", timeout=20_000)
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
 
 
 def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
@@ -119,34 +145,27 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             page.goto(f"{base}/lab/tree/ddp.ipynb?token={token}", timeout=90_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            # the kernel is connected and idle before anything runs
-            expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
-            first_prompt = page.locator(".jp-Cell").nth(0).locator(".jp-InputPrompt")
-            for attempt in range(3):  # a click that lands while Lab is still settling can be lost
-                page.get_by_role("menuitem", name="Run", exact=True).click()
-                page.get_by_text("Run All Cells", exact=True).click()
-                try:
-                    expect(first_prompt).to_contain_text("[1]", timeout=20_000)
-                    break
-                except AssertionError:
-                    if attempt == 2:
-                        raise
+            _run_all(page)   # once the kernel is connected and idle
             view = page.locator(".nbddp-view").nth(0)
             expect(view).to_be_visible(timeout=60_000)
+            status = page.locator(".jp-Cell").nth(1).locator(".nbddp-status")
             # live: while the cell runs, rank 1 (which sleeps longer) shows as running, and the
             # tqdm bar (a line without newline) is in the pane and on the chip, updating
-            expect(view).to_contain_text("rank 1: running", timeout=30_000)
+            expect(status).to_contain_text("rank 1: running", timeout=30_000)
             pane = view.locator(".nbddp-pane:visible")
             expect(pane).to_contain_text("/30 [", timeout=30_000)
-            first_bar = view.locator(".nbddp-chip").nth(1).inner_text()
-            expect(view.locator(".nbddp-progress").first).to_be_visible()
+            first_bar = status.locator(".nbddp-chip").nth(1).inner_text()
+            expect(status.locator(".nbddp-progress").first).to_be_visible()
+            # a bar's spaces are kept on its chip, and copied chips read apart
+            bar = status.locator(".nbddp-progress").first
+            assert bar.evaluate("e => getComputedStyle(e).whiteSpace") == "pre"
             # the ANSI colour is rendered as colour, not as escape characters
             green = pane.locator("span", has_text="colour OK").first
             assert green.evaluate("e => getComputedStyle(e).color") == "rgb(13, 188, 121)"
             assert "\x1b" not in pane.inner_text() and "[32m" not in pane.inner_text()
-            view.screenshot(path=shot)
+            page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea").screenshot(path=shot)
             page.wait_for_timeout(600)
-            assert view.locator(".nbddp-chip").nth(1).inner_text() != first_bar   # the bar moved
+            assert status.locator(".nbddp-chip").nth(1).inner_text() != first_bar   # the bar moved
             tabs = view.locator(".lm-TabBar-tab")
             expect(tabs).to_have_count(3)
             assert [t.strip() for t in tabs.all_inner_texts()] == ["rank 0", "rank 1", "all ranks"]
@@ -157,7 +176,7 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
             expect(done).to_contain_text("all ok", timeout=60_000)
             expect(out.locator(".nbddp-view")).to_have_count(0)
             expect(done.locator(".nbddp-chip.nbddp-ok")).to_have_count(2)
-            text = done.inner_text()
+            text = done.text_content()   # rank 1's section is folded: the first rank's is open
             assert "hello from rank 1 of 2" in text and "warning from rank 0" in text
             bars = [line for line in text.splitlines() if "/30 [" in line and not line.startswith("rank ")]
             assert len(bars) == 2 and all("100%" in b and "30/30" in b for b in bars), bars
@@ -212,6 +231,9 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
             hang = page.locator(".jp-Cell").nth(5).locator(".jp-OutputArea")
             expect(hang.locator(".nbddp-hang")).to_contain_text("blocked at", timeout=120_000)
             expect(hang.locator(".nbddp-chip.nbddp-hung")).to_have_count(2)
+            spacing = hang.locator(".nbddp-hang").evaluate(
+                "e => parseFloat(getComputedStyle(e).lineHeight) / parseFloat(getComputedStyle(e).fontSize)")
+            assert spacing < 1.6, spacing   # the banner's lines are not spaced apart
             hang.scroll_into_view_if_needed()
             hang.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-hang.png"))
             expect(hang.locator(".nbddp-hang")).to_have_count(0, timeout=30_000)
@@ -251,3 +273,165 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
         finally:
             browser.close()
     assert os.path.getsize(shot) > 5000
+
+
+LONG_STREAM = """%%ddp -n 2
+import os, time
+rank = int(os.environ["RANK"])
+rate, n, word = (50, 3000, "fast") if rank == 0 else (4, 320, "slow")
+start = time.monotonic()
+for i in range(n):
+    print(f"{word} {i} loss {1 / (i + 1):.4f}", flush=True)
+    time.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
+"""
+FAIL2 = """%%ddp -n 2
+import os, sys
+print("about to fail", os.environ["RANK"], file=sys.stderr, flush=True)
+if os.environ["RANK"] == "1":
+    raise ValueError("rank one broke")
+"""
+# the line at the top of a pane's viewport and its offset from the pane's top
+TOP_LINE = """e => { const r = e.getBoundingClientRect();
+    const c = document.caretRangeFromPoint(r.left + 30, r.top + 8);
+    const t = c.startContainer.textContent, o = c.startOffset;
+    const a = t.lastIndexOf('\\n', o - 1) + 1; let b = t.indexOf('\\n', o); if (b < 0) b = t.length;
+    const line = document.createRange(); line.setStart(c.startContainer, a); line.setEnd(c.startContainer, b);
+    const sel = window.getSelection(); sel.removeAllRanges(); sel.addRange(line);
+    return [t.slice(a, b), line.getBoundingClientRect().top - r.top]; }"""
+WHERE = """e => { const r = e.getBoundingClientRect(), line = window.getSelection().getRangeAt(0);
+    return [window.getSelection().toString(), line.getBoundingClientRect().top - r.top, -e.scrollTop]; }"""
+# WCAG contrast of an element's text on what is painted under it (backgrounds composited)
+CONTRAST = """e => { const cv = document.createElement('canvas'); cv.width = cv.height = 1;
+    const ctx = cv.getContext('2d'), paint = c => { ctx.fillStyle = c; ctx.fillRect(0, 0, 1, 1); },
+          px = () => Array.from(ctx.getImageData(0, 0, 1, 1).data.slice(0, 3));
+    const chain = []; for (let n = e; n; n = n.parentElement) chain.unshift(n);
+    paint('white'); for (const n of chain) paint(getComputedStyle(n).backgroundColor);
+    const bg = px(); paint(getComputedStyle(e).color); const fg = px();
+    const lum = c => c.map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
+                      .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+    const [hi, lo] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+    return [(hi + 0.05) / (lo + 0.05), lum(bg)]; }"""
+
+
+@pytest.fixture
+def dark_lab(tmp_path):
+    yield from _serve(tmp_path, ["%load_ext nbddp", LONG_STREAM, FAIL2], theme="JupyterLab Dark")
+
+
+def test_panes_keep_scroll_and_selection_and_the_end_reads_in_dark_theme(dark_lab):
+    """3,000 lines at 50 lines/s (rank 0) and 320 at 4 lines/s (rank 1): scrolled up, the line in view
+    and a selection stay while the pane wraps its blocks; saved mid-run, the notebook reads as
+    the last state shown; the transcript is about as tall as the live view; dark theme contrast."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, token, tmp_path = dark_lab
+    root = tmp_path / "root"
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto(f"{base}/lab/tree/ddp.ipynb?token={token}", timeout=90_000)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+            assert page.evaluate("document.body.dataset.jpThemeLight") == "false"
+            _run_all(page)
+            out = page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea")
+            view = out.locator(".nbddp-view")
+            pane = view.locator(".nbddp-pane:visible")
+            # 50 lines/s: well past one wrap of the pane's blocks (and the old 750-line compaction)
+            expect(pane).to_contain_text("fast 800 ", timeout=120_000)
+            out.scroll_into_view_if_needed()
+            pane.evaluate("e => { e.scrollTop = -1600 }")   # ~100 lines up from the newest
+            page.wait_for_timeout(300)
+            line0, y0 = pane.evaluate(TOP_LINE)
+            assert line0.startswith("fast "), line0
+            page.wait_for_timeout(6000)   # 300 more lines; the old panes were refilled every 250
+            picked, y1, gap = pane.evaluate(WHERE)
+            assert picked == line0 and abs(y1 - y0) < 3 and gap > 1600, (line0, y0, picked, y1, gap)
+            view.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-fast-scrolled.png"))
+
+            # 4 lines/s: scrolled to the top, past the 120 updates after which the old panes refilled
+            view.locator(".lm-TabBar-tab", has_text="rank 1").click()
+            expect(pane).to_contain_text("slow 80 ", timeout=60_000)
+            pane.evaluate("e => { e.scrollTop = -(e.scrollHeight - e.clientHeight) + 40 }")
+            page.wait_for_timeout(300)
+            line0, y0 = pane.evaluate(TOP_LINE)
+            assert line0.startswith("slow "), line0
+            # saved while the cell runs: a copy to reopen once the kernel that drew it is gone
+            saved_at = os.path.getmtime(root / "ddp.ipynb")
+            page.keyboard.press("Control+s")
+            deadline = time.monotonic() + 30
+            while os.path.getmtime(root / "ddp.ipynb") == saved_at and time.monotonic() < deadline:
+                time.sleep(0.2)
+            (root / "saved-running.ipynb").write_text((root / "ddp.ipynb").read_text())
+            expect(pane).to_contain_text("slow 300 ", timeout=90_000)
+            picked, y1, _ = pane.evaluate(WHERE)
+            assert picked == line0 and abs(y1 - y0) < 3, (line0, y0, picked, y1)
+            live_height = out.bounding_box()["height"]
+
+            # the end: a transcript about as tall as the live view, rank 0 open, rank 1 folded
+            done = out.locator(".nbddp-transcript")
+            expect(done).to_contain_text("all ok", timeout=120_000)
+            page.wait_for_timeout(500)
+            done_height = out.bounding_box()["height"]
+            assert done_height < 1.5 * live_height, (live_height, done_height)
+            expect(done.locator("details[open] > summary")).to_have_count(1)
+            expect(done.locator("details[open] > summary")).to_contain_text("rank 0")
+            section = done.locator("details[open] .nbddp-section")
+            assert section.evaluate("e => e.scrollHeight > e.clientHeight + 100")   # scrolls, its end in view
+            expect(section).to_contain_text("fast 2999 ")
+            assert "--log-dir DIR keeps them" in done.inner_text()
+            copied = done.locator(".nbddp-chip").first.evaluate("""e => { const r = document.createRange();
+                r.selectNodeContents(e.parentNode); const s = getSelection(); s.removeAllRanges(); s.addRange(r);
+                return s.toString(); }""")
+            assert "exit 0 · rank 1: ok" in copied, copied
+            out.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-stream-done.png"))
+            print(f"browser: live view {live_height:.0f} px, transcript {done_height:.0f} px")
+
+            # dark theme: stderr lines and the cause read (>= 4.5:1) on a dark strip
+            fail = page.locator(".jp-Cell").nth(2).locator(".jp-OutputArea")
+            expect(fail).to_contain_text("DDPError", timeout=120_000)
+            fail.scroll_into_view_if_needed()
+            cause_contrast, _ = fail.locator(".nbddp-cause").first.evaluate(CONTRAST)
+            stderr_line = fail.locator("details[open] .nbddp-stderr", has_text="about to fail 1")
+            stderr_contrast, stderr_bg = stderr_line.evaluate(CONTRAST)
+            print(f"browser, dark theme: cause {cause_contrast:.1f}:1, stderr {stderr_contrast:.1f}:1")
+            assert cause_contrast >= 4.5 and stderr_contrast >= 4.5 and stderr_bg < 0.2, \
+                (cause_contrast, stderr_contrast, stderr_bg)
+            fail.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-dark-failure.png"))
+
+            # the copy saved mid-run, reopened (its kernel's widgets long gone), in Lab and Notebook 7
+            saved = json.loads((root / "saved-running.ipynb").read_text())
+            texts = ["".join(o["data"].get("text/plain", "")) for o in saved["cells"][1]["outputs"] if "data" in o]
+            assert any("rank 1: running" in t and "slow " in t for t in texts), texts
+            fronts = [("lab", f"{base}/lab/workspaces/reopen/tree/saved-running.ipynb?reset&token={token}")]
+            if _has_notebook7(base, token):
+                fronts.append(("notebook7", f"{base}/notebooks/saved-running.ipynb?token={token}"))
+            for name, url in fronts:
+                again = browser.new_page(viewport={"width": 1200, "height": 900})
+                again.goto(url, timeout=90_000)
+                status = again.locator(".jp-NotebookPanel:visible .nbddp-status")
+                try:
+                    expect(status).to_contain_text("rank 1: running", timeout=90_000)
+                    expect(status.locator(".nbddp-chip")).to_have_count(2)
+                    status.scroll_into_view_if_needed()
+                    expect(status).to_be_visible()
+                finally:
+                    again.screenshot(path=os.path.join(ARTIFACTS, f"browser-ddp-saved-running-{name}.png"))
+                    again.close()
+        except Exception:
+            try:
+                page.screenshot(path=os.path.join(ARTIFACTS, "browser-ddp-stream-failure.png"))
+            except Exception:
+                pass
+            raise
+        finally:
+            browser.close()
+
+
+def _has_notebook7(base, token) -> bool:
+    try:
+        urllib.request.urlopen(f"{base}/tree?token={token}", timeout=10).read()
+        return True
+    except Exception:
+        return False
