@@ -1,20 +1,25 @@
-"""Live ipywidgets view of a launch: a header with one status chip per rank, one pane per rank
-(its stdout and stderr, stderr highlighted, and its rich output), and an "all ranks" pane with
-lines interleaved in arrival order. Up to 8 shown ranks get tabs; more get a selector.
+"""Live view of a launch: a status output (headline, hang banner, one chip per rank, the launch
+line) above an ipywidgets view with one pane per rank (its stdout and stderr, stderr
+highlighted, and its rich output) and an "all ranks" pane with lines interleaved in arrival
+order. Up to 8 shown ranks get tabs; more get a selector.
 
-The view is displayed under a display_id while the launch runs; when it ends, that output is
-replaced (update_display) by the static text/plain + text/html transcript (nbddp/views/transcript.py)
-and every widget of the view is closed: a saved notebook reads the same after a kernel restart,
-on GitHub and in nbconvert, and the kernel keeps no widgets from past cells.
+The status is a plain text/html + text/plain display, not a widget, updated under its
+display_id: a notebook saved while the cell runs keeps the last state it showed, readable after
+the kernel is gone (a widget's display cannot be updated so: front ends re-create its view).
+When the launch ends, the status is replaced by the static text/plain + text/html transcript
+(nbddp/views/transcript.py), the widget's display is emptied and every widget of the view is
+closed: a saved notebook reads the same after a kernel restart, on GitHub and in nbconvert, and
+the kernel keeps no widgets from past cells.
 
 Each rank stream goes through a terminal model (nbddp/views/terminal.py): a line still being written
 (a progress bar) is shown at the bottom of its pane, updated at the pane's rate, and mirrored on
 the rank's chip.
 
-Bounded: each pane holds the last TAIL_LINES lines (with an "N earlier lines hidden" marker and
-the full log's path); widget updates are sent from ``tick`` only, at most every PANE_INTERVAL_S
-per pane and within a token-bucket budget of RATE_CHARS_PER_S, so a flood of long lines costs
-the front end about 1 MB of HTML a second, whatever the ranks produce.
+Bounded: each pane holds about the last TAIL_LINES lines in a ring of SLOTS blocks (with an "N
+earlier lines hidden" marker and the full log's path); widget updates are sent from ``tick``
+only, at most every PANE_INTERVAL_S per pane and within a token-bucket budget of
+RATE_CHARS_PER_S, so a flood of long lines costs the front end about 1 MB of HTML a second,
+whatever the ranks produce.
 """
 from __future__ import annotations
 
