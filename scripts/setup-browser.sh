@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What tests/test_browser.py needs: Debian's chromium (never a downloaded browser) and, in .venv,
-# JupyterLab and playwright (with torch pinned so nothing can replace it). Idempotent and quiet.
+# JupyterLab, Notebook 7 (the browser test reopens a notebook there too) and playwright (with torch
+# pinned so nothing can replace it). Idempotent and quiet.
 # Changes only what it must: the apt packages above, and .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 py=.venv/bin/python
 if [ ! -x "$py" ]; then bash scripts/setup-venv.sh test; fi
-if ! "$py" -c "import jupyterlab, playwright.sync_api" >/dev/null 2>&1; then
-  "$py" -m pip install -q -c <(echo "torch==2.13.0") "jupyterlab>=4" "playwright>=1.40" \
+if ! "$py" -c "import jupyterlab, notebook, playwright.sync_api" >/dev/null 2>&1; then
+  "$py" -m pip install -q -c <(echo "torch==2.13.0") "jupyterlab>=4" "notebook>=7" "playwright>=1.40" \
     2> >(grep -v -e "^WARNING: Location" -e "BuildBackendWarning" >&2)
 fi

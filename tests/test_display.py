@@ -56,6 +56,17 @@ def final_bundle(messages):
     return shown[-1]["content"]["data"]
 
 
+def status_htmls(messages):
+    """Each HTML the live status display (headline, banner, chips) showed, in order."""
+    return [m["content"]["data"]["text/html"] for m in of_type(messages, "display_data", "update_display_data")
+            if 'class="nbddp-status"' in m["content"]["data"].get("text/html", "")]
+
+
+def widget_display(messages):
+    """The display_data that showed the live widget view."""
+    return [m for m in of_type(messages, "display_data") if WIDGET_MIME in m["content"]["data"]][0]
+
+
 def widget_msgs(messages):
     """What went to the widget front end: new widgets (a pane's blocks) and state updates."""
     return of_type(messages, "comm_open", "comm_msg")
@@ -77,11 +88,15 @@ print("warn", os.environ["RANK"], file=sys.stderr)
 def test_widgets_view_and_transcript(kernel):
     messages, reply = run_raw(kernel, TWO_RANKS.format(opts="--output widgets"))
     assert reply["status"] == "ok", reply
-    first = of_type(messages, "display_data")[0]
-    assert WIDGET_MIME in first["content"]["data"]
-    display_id = first["content"]["transient"]["display_id"]
+    first = widget_display(messages)
+    status = of_type(messages, "display_data")[0]
+    assert status is not first and "rank 0: " in status["content"]["data"]["text/plain"]
     update = of_type(messages, "update_display_data")[-1]
-    assert update["content"]["transient"]["display_id"] == display_id
+    # the durable output: the transcript in the status display, the widget's display emptied
+    assert update["content"]["transient"]["display_id"] == status["content"]["transient"]["display_id"]
+    emptied = [m["content"]["data"] for m in of_type(messages, "update_display_data")
+               if m["content"]["transient"]["display_id"] == first["content"]["transient"]["display_id"]]
+    assert emptied == [{"text/html": "", "text/plain": ""}]
     data = update["content"]["data"]
     root = first["content"]["data"][WIDGET_MIME]["model_id"]
     assert WIDGET_MIME not in data   # the durable output is the transcript alone
@@ -99,7 +114,8 @@ def test_widgets_view_and_transcript(kernel):
     values = " ".join(str(m["content"]["data"].get("state", {}).get("value", "")) for m in widget_msgs(messages))
     assert "hello from 0" in values and "hello from 1" in values
     assert 'class="nbddp-stderr"' in values and "[rank1]: hello from 1" in values
-    assert "rank 0: ok" in values and "rank 1: ok" in values and "exit 0" in values
+    chips = " ".join(status_htmls(messages))
+    assert "rank 0: ok" in chips and "rank 1: ok" in chips and "exit 0" in chips
     # the static transcript in the same output
     assert "--- rank 0 (2 lines) ---\nhello from 0\nstderr| warn 0" in data["text/plain"]
     assert "hello from 1" in data["text/html"] and "nbddp-chip nbddp-ok" in data["text/html"]
@@ -114,7 +130,7 @@ def test_auto_is_text_for_plain_clients_and_widgets_for_jupyterlab(kernel):
     data = final_bundle(messages)
     assert WIDGET_MIME not in data and "hello from 1" in data["text/html"] and "rank 1: ok" in data["text/plain"]
     messages, _ = run_raw(kernel, TWO_RANKS.format(opts=""), metadata=LAB_METADATA)
-    assert WIDGET_MIME in of_type(messages, "display_data")[0]["content"]["data"]
+    assert widget_display(messages)
     assert "[rank0]:" not in stdout_of(messages)
     messages, _ = run_raw(kernel, TWO_RANKS.format(opts="--output text"), metadata=LAB_METADATA)
     assert "[rank0]:hello from 0\n" in stdout_of(messages) and not of_type(messages, "comm_open")
@@ -282,8 +298,7 @@ time.sleep(1.5)
 """
     messages, reply = run_raw(kernel, cell)
     assert reply["status"] == "ok", reply
-    headers = [str(m["content"]["data"]["state"]["value"]) for m in of_type(messages, "comm_msg")
-               if "nbddp-chip" in str(m["content"]["data"].get("state", {}).get("value", ""))]
+    headers = status_htmls(messages)
     hung = [i for i, h in enumerate(headers) if 'class="nbddp-hang"' in h]
     assert hung, headers[-1]
     banner = headers[hung[0]]

@@ -72,7 +72,7 @@ def test_long_line_costs_linear_time_and_bounded_memory():
 
 
 # ------------------------------------------------------------------ in a real kernel
-from test_display import WIDGET_MIME, final_bundle, of_type, run_raw  # noqa: E402
+from test_display import WIDGET_MIME, final_bundle, of_type, run_raw, status_htmls, widget_display  # noqa: E402
 
 TQDM = """%%ddp -n 2 --output {mode}
 import os, sys, time
@@ -128,13 +128,13 @@ def test_widgets_show_the_pending_line_live_and_leave_the_static_transcript(kern
     # the bar (no newline yet) was in the pane while the rank ran, and on its chip
     live = [i for i, v in values if "/40" in v and "100%" not in v and "nbddp-chip" not in v]
     assert live and live[0] < _arrival(messages, "rank done")
-    assert any('class="nbddp-progress"' in v and "/40" in v for _, v in values)
+    assert any('class="nbddp-progress"' in v and "/40" in v for v in status_htmls(messages))
     assert any('<span style="color:#0dbc79">OK</span> from 0' in v for _, v in values)
-    # the durable output: same display_id, now the transcript only, and every widget closed
+    # the durable output: the status display, now the transcript only, and every widget closed
     first = of_type(messages, "display_data")[0]["content"]
     update = of_type(messages, "update_display_data")[-1]["content"]
     assert update["transient"]["display_id"] == first["transient"]["display_id"]
-    assert WIDGET_MIME in first["data"] and WIDGET_MIME not in update["data"]
+    assert widget_display(messages) and WIDGET_MIME not in update["data"]
     assert "nbddp-chip nbddp-ok" in update["data"]["text/html"] and "rank 1: ok" in update["data"]["text/plain"]
     bars = [line for line in update["data"]["text/plain"].splitlines() if "/40" in line]
     assert len(bars) == 2 and all("100%" in b for b in bars), bars

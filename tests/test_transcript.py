@@ -127,3 +127,52 @@ def test_rich_output_keeps_its_place_among_the_lines():
     c.launch_finished(c.result)
     page = transcript.render_html(c)
     assert page.index("before the plot") < page.index("<img") < page.index("after the plot")
+
+
+def test_sections_open_only_for_failed_ranks_and_scroll_with_their_end_in_view():
+    spec = make_spec(n=3)
+    c = _collector(spec, _result(3, {2: FAILED}))
+    for r in range(3):
+        c.output(r, "stdout", b"".join(b"line %d of rank %d\n" % (i, r) for i in range(300)))
+    c.launch_finished(c.result)
+    page = transcript.render_html(c)
+    opened = re.findall(r"<details open><summary>rank (\d)", page)
+    assert opened == ["2"] and page.count("<details>") == 2
+    assert page.count('class="nbddp-section"') == 3 and "max-height:26em;overflow:auto" in page
+    assert "flex-direction:column-reverse" in page   # the section shows its last lines first
+    # nothing failed: the first rank open (as the live view showed it), the others folded
+    ok = _collector(spec, _result(3))
+    ok.output(1, "stdout", b"x\n")
+    ok.launch_finished(ok.result)
+    assert re.findall(r"<details open><summary>rank (\d)", transcript.render_html(ok)) == ["0"]
+
+
+def test_chips_copy_apart_keep_a_bars_spaces_and_take_the_themes_colours():
+    c = _collector(make_spec(n=2), _result(2, {1: FAILED}))
+    c.result.ranks[1].cause = "ValueError: boom"
+    chips = transcript.chips_html(c.result, progress=lambda r: "40%|####  | 4/10" if r == 0 else "")
+    text = re.sub(r"<[^>]+>", "", chips)
+    assert "exit 0 40%|####  | 4/10 · rank 1: failed" in html.unescape(text)
+    assert "white-space:pre" in chips
+    page = transcript.render_html(c)
+    assert "var(--jp-content-font-color0" in page and "var(--jp-layout-color0" in page
+    assert "var(--jp-rendermime-error-background" in transcript.lines_html([("stderr", "bad")])
+    assert not re.search(r"color:#[0-9a-f]{3,6}[;\"]", page), "a fixed colour reads on one theme only"
+
+
+def test_live_text_is_the_state_shown_and_saved_transcripts_say_where_logs_go():
+    spec = make_spec(n=2)
+    result = _result(2)
+    result.ranks[1].state, result.ranks[1].ended_at, result.ranks[1].exitcode = "running", None, None
+    c = _collector(spec, result)
+    c.output(0, "stdout", b"".join(b"step %d\n" % i for i in range(10)))
+    c.output(1, "stderr", b"warming up\n 50%|#####     | 5/10\r")
+    live = transcript.live_text(c, hung={1: None})
+    assert "rank 0: ok 1.5 s exit 0" in live and "rank 1: hung, running" in live
+    assert "step 9" in live and "step 6" not in live and "stderr|  50%|#####     | 5/10" in live
+    assert "removed when the kernel stops; --log-dir DIR keeps them" in live
+    kept = _collector(make_spec(n=2, log_dir="/data/logs"), _result(2))
+    kept.launch_finished(kept.result)
+    assert "--log-dir" not in transcript.render_text(kept)
+    c.launch_finished(c.result)
+    assert "(removed when the kernel stops; --log-dir DIR keeps them)" in transcript.render_text(c)

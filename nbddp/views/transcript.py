@@ -25,19 +25,41 @@ TAIL_LINES = 500         # lines kept per rank (the full log is on disk)
 ALL_LINES = 1000         # lines kept in the interleaved "all ranks" view
 MAX_DISPLAYS = 20        # rich outputs kept per rank
 TRANSCRIPT_LINES = 200   # lines per rank in the saved transcript
+SECTION_HEIGHT = "26em"  # a rank's section in the transcript scrolls past this (the live pane's height)
+LIVE_LINES = 3           # last lines per rank in the live status's text
 PROGRESS_CHARS = 48      # of a rank's progress line shown on its chip
 CHIP_LIMIT = 8           # more ranks than this: same-state ranks share a chip after a failure
-_CHIP_STYLE = "display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;font:12px monospace"
+_CHIP_STYLE = "display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;font:12px monospace;white-space:pre"
+# between chips: copied text reads "rank 0: ok … · rank 1: …" (the chips' margins space them on screen)
+CHIP_SEP = '<span class="nbddp-sep" style="font-size:0"> · </span>'
 
-# chip colours per state: (foreground, background)
-STATE_COLORS = {
-    RankState.STARTING: ("#555", "#eee"), RankState.RUNNING: ("#0b5394", "#e3f0fc"),
-    RankState.OK: ("#1e6b2e", "#e2f5e6"), RankState.FAILED: ("#a31515", "#fde7e7"),
-    RankState.TIMED_OUT: ("#8a4b00", "#fff1dc"), RankState.KILLED: ("#a31515", "#fde7e7"),
-    RankState.TERMINATED: ("#666", "#f0f0f0"), RankState.INTERRUPTED: ("#8a4b00", "#fff1dc"),
-    "hung": ("#8a5a00", "#ffe8b0"),  # not a state: a running rank the idle warning found waiting
+
+
+def themed(color: str, share: float = 0.6) -> str:
+    """``color`` mixed with the theme's text colour (JupyterLab's --jp- variables; black where
+    there are none, as on GitHub): darker on a light theme, lighter on a dark one, so text in
+    it reads (>= 4.5:1) on either."""
+    return f"color-mix(in srgb, {color} {share:.0%}, var(--jp-content-font-color0, #000))"
+
+
+def tint(color: str, share: float = 0.14) -> str:
+    """A background of ``color`` faintly over the theme's page colour (white without a theme)."""
+    return f"color-mix(in srgb, {color} {share:.0%}, var(--jp-layout-color0, #fff))"
+
+
+# chip colours per state: (foreground, background), from one hue each, fitted to the theme
+_HUES = {
+    RankState.STARTING: "#555", RankState.RUNNING: "#0b5394", RankState.OK: "#1e6b2e",
+    RankState.FAILED: "#a31515", RankState.TIMED_OUT: "#8a4b00", RankState.KILLED: "#a31515",
+    RankState.TERMINATED: "#666", RankState.INTERRUPTED: "#8a4b00",
+    "hung": "#8a5a00",  # not a state: a running rank the idle warning found waiting
 }
-STDERR_STYLE = "color:#a31515;background:#fff3f3"
+STATE_COLORS = {state: (themed(hue), tint(hue)) for state, hue in _HUES.items()}
+ERROR_TEXT = themed("#c62828")     # a cause, in any theme
+WARN_TEXT = themed("#8a4b00")      # nbddp's notes
+MUTED = "var(--jp-content-font-color2, #666)"
+# JupyterLab's own stderr background (light pink / dark red), the text in the theme's colour
+STDERR_STYLE = "background:var(--jp-rendermime-error-background, #fdd)"
 # a <pre> in nbconvert's HTML otherwise takes the page's proportional font
 # (and JupyterLab's output CSS breaks a <pre>'s long lines anywhere, "d|ist.barrier()": at spaces here)
 PRE_STYLE = ("margin:0;font-family:monospace,monospace;font-size:12px;white-space:pre-wrap;"
@@ -306,11 +328,36 @@ def _without_traceback(lines: list, rank_result) -> list:
     return lines
 
 
+def logs_kept(collector: Collector) -> str:
+    """What a saved transcript says after the log folder: whether it outlives the kernel."""
+    if collector.spec.log_dir:
+        return ""
+    return " (removed when the kernel stops; --log-dir DIR keeps them)"
+
+
+def live_text(collector: Collector, hung=()) -> str:
+    """The live view's state in text: what a notebook saved while the cell runs keeps (a
+    widget's view is gone once its kernel is): each rank's state and its last lines."""
+    result = collector.result
+    out = [headline(result, collector.finished) + " (the last state the live view showed)",
+           f"logs: {result.log_dir}{logs_kept(collector)}"]
+    for r in result.ranks:
+        words = "hung, " + status_words(r) if r.rank in hung else status_words(r)
+        out.append(f"  rank {r.rank}: {words}" + (f" — {r.cause}" if r.cause else ""))
+    for rank, tail in _local_tails(collector):
+        lines = [("stderr| " if s == "stderr" else "") + terminal.plain(t) for s, t in list(tail.lines)[-LIVE_LINES:]]
+        lines += [("stderr| " if s == "stderr" else "") + terminal.plain(t) for s, t in collector.pending(rank)]
+        if lines:
+            out.append(f"--- rank {rank}: last of {tail.total} line{'s' if tail.total != 1 else ''} ---")
+            out += lines
+    return "\n".join(out) + "\n"
+
+
 def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, streamed: bool = False) -> str:
     """``streamed``: text mode showed every line above, so a failed rank's traceback is not
     repeated here."""
     result = collector.result
-    out = [headline(result, collector.finished), f"logs: {result.log_dir}"]
+    out = [headline(result, collector.finished), f"logs: {result.log_dir}{logs_kept(collector)}"]
     if _folded(result):
         out += ["  " + line for line in summary.state_lines(result.ranks, include_ok=True)]
     else:
@@ -347,7 +394,7 @@ def _folded(result) -> bool:
 def chip_html(rank_result, now: float | None = None, progress: str = "", hung: bool = False) -> str:
     """One rank's status chip; ``progress`` (its latest progress-bar line) shown small inside;
     ``hung``: amber, with where the rank waits (while the idle warning holds)."""
-    fg, bg = STATE_COLORS["hung"] if hung else STATE_COLORS.get(rank_result.state, ("#333", "#eee"))
+    fg, bg = STATE_COLORS["hung"] if hung else STATE_COLORS.get(rank_result.state, STATE_COLORS[RankState.STARTING])
     extra = ""
     if hung and rank_result.blocked_at:
         progress = f"waiting at {rank_result.blocked_at}"
@@ -358,7 +405,7 @@ def chip_html(rank_result, now: float | None = None, progress: str = "", hung: b
     title = html.escape(rank_result.cause or rank_result.state, quote=True)
     state_class = "hung" if hung else rank_result.state.replace(" ", "-")
     return (f'<span class="nbddp-chip nbddp-{state_class}" title="{title}" '
-            f'style="{_CHIP_STYLE};color:{fg};background:{bg};border:1px solid {fg}33">'
+            f'style="{_CHIP_STYLE};color:{fg};background:{bg};border:1px solid {bg}">'
             f'rank {rank_result.rank}: {html.escape(status_words(rank_result, now))}{extra}</span>')
 
 
@@ -367,14 +414,14 @@ def chips_html(result, now: float | None = None, progress=None, hung=()) -> str:
     the ranks the idle warning found waiting. Above CHIP_LIMIT ranks, once some rank failed,
     the ranks in the same final state share one chip."""
     if not _folded(result):
-        return "".join(chip_html(r, now, progress(r.rank) if progress else "", r.rank in hung)
-                       for r in result.ranks)
+        return CHIP_SEP.join(chip_html(r, now, progress(r.rank) if progress else "", r.rank in hung)
+                             for r in result.ranks)
     out = []
     for ranks, state, cause in sorted(summary.groups(result.ranks), key=lambda g: g[1] not in summary.CAUSING):
         if len(ranks) == 1:
             out.append(chip_html(result.rank(ranks[0]), now, progress(ranks[0]) if progress else ""))
             continue
-        fg, bg = STATE_COLORS.get(state, ("#333", "#eee"))
+        fg, bg = STATE_COLORS.get(state, STATE_COLORS[RankState.STARTING])
         codes = {result.rank(r).exitcode for r in ranks}
         code = codes.pop() if len(codes) == 1 else None
         ended = ""   # the signal that ended them all, as a single chip says it
@@ -382,9 +429,9 @@ def chips_html(result, now: float | None = None, progress=None, hung=()) -> str:
             ended = (" " if state == KILLED else ", ") + signal_words(state, code)
         out.append(f'<span class="nbddp-chip nbddp-group nbddp-{state.replace(" ", "-")}" '
                    f'title="{html.escape(cause or state, quote=True)}" style="{_CHIP_STYLE};color:{fg};'
-                   f'background:{bg};border:1px solid {fg}33">{html.escape(summary.label(ranks))}: '
+                   f'background:{bg};border:1px solid {bg}">{html.escape(summary.label(ranks))}: '
                    f'{html.escape(state + (f" ({cause})" if cause else "") + ended)}</span>')
-    return "".join(out)
+    return CHIP_SEP.join(out)
 
 
 def lines_html(entries, with_rank: bool = False) -> str:
@@ -428,29 +475,37 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
     result = collector.result
     out = ['<div class="nbddp-transcript">',
            f'<div><b>{html.escape(headline(result, collector.finished))}</b> '
-           f'<span style="color:#666">logs: <code>{html.escape(result.log_dir)}</code></span></div>',
+           f'<span style="color:{MUTED}">logs: <code>{html.escape(result.log_dir)}</code>'
+           f'{html.escape(logs_kept(collector))}</span></div>',
            f'<div>{chips_html(result, progress=collector.progress)}</div>']
     folded = _folded(result)   # then the chips already say the other groups
     for ranks, state, cause in summary.groups(result.ranks):
         if cause and (not folded or state in summary.CAUSING):
-            out.append(f'<div style="color:#a31515">{html.escape(summary.label(ranks))}: {html.escape(cause)}</div>')
+            out.append(f'<div class="nbddp-cause" style="color:{ERROR_TEXT}">{html.escape(summary.label(ranks))}: '
+                       f'{html.escape(cause)}</div>')
     for note in final_notes(collector.notes) if notes else ():
-        out.append(f'<pre style="{PRE_STYLE};color:#8a4b00">{html.escape(note)}</pre>')
+        out.append(f'<pre style="{PRE_STYLE};color:{WARN_TEXT}">{html.escape(note)}</pre>')
     if result.remote:
-        out.append(f'<div style="color:#666">{summary.label(result.remote)}: on other nodes '
+        out.append(f'<div style="color:{MUTED}">{summary.label(result.remote)}: on other nodes '
                    f'(their output is shown there)</div>')
     failed = {r.rank for r in result.ranks if r.state in summary.CAUSING}
     for line in _silent_lines(collector):
-        out.append(f'<div style="color:#666">{html.escape(line)}</div>')
-    for ranks, tail in _same_sections(collector):
+        out.append(f'<div style="color:{MUTED}">{html.escape(line)}</div>')
+    sections = _same_sections(collector)
+    # about as tall as the live view was: the failed ranks open (else the first, as the live
+    # view showed it), the rest folded, each scrolled within SECTION_HEIGHT, its end in view
+    opened = failed or (set(sections[0][0]) if sections else set())
+    for ranks, tail in sections:
         rank, (name, log) = ranks[0], _section_name(collector, ranks, tail)
         lines = list(tail.lines)[-lines_per_rank:]
-        is_open = expanded and (not failed or bool(failed & set(ranks)))   # a failure: its ranks open, the rest folded
+        is_open = expanded and bool(opened & set(ranks))
         words = status_words(result.rank(rank)) if len(ranks) == 1 else str(getattr(result.rank(rank), "state", ""))
         out.append(f'<details{" open" if is_open else ""}><summary>{html.escape(name)} — {html.escape(words)}'
                    f' ({tail.total} line{"s" if tail.total != 1 else ""})</summary>')
+        out.append(f'<div class="nbddp-section" style="max-height:{SECTION_HEIGHT};overflow:auto;display:flex;'
+                   f'flex-direction:column-reverse"><div>')
         if tail.total > len(lines):
-            out.append(f'<div style="color:#666"><i>{html.escape(_hidden_note(tail, len(lines), ""))}'
+            out.append(f'<div style="color:{MUTED}"><i>{html.escape(_hidden_note(tail, len(lines), ""))}'
                        f' (full log: <code>{html.escape(log)}</code>)'
                        f'</i></div>')
         first = tail.total - len(lines)          # the number of the first line shown
@@ -463,7 +518,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
             out.append(f'<div class="nbddp-display">{_display_html(bundle)}</div>')
         if at < len(lines) or not lines:
             out.append(f'<pre style="{PRE_STYLE}">{lines_html(lines[at:])}</pre>')
-        out.append('</details>')
+        out.append('</div></div></details>')
     out.append('</div>')
     return "\n".join(out)
 

@@ -1,20 +1,25 @@
-"""Live ipywidgets view of a launch: a header with one status chip per rank, one pane per rank
-(its stdout and stderr, stderr highlighted, and its rich output), and an "all ranks" pane with
-lines interleaved in arrival order. Up to 8 shown ranks get tabs; more get a selector.
+"""Live view of a launch: a status output (headline, hang banner, one chip per rank, the launch
+line) above an ipywidgets view with one pane per rank (its stdout and stderr, stderr
+highlighted, and its rich output) and an "all ranks" pane with lines interleaved in arrival
+order. Up to 8 shown ranks get tabs; more get a selector.
 
-The view is displayed under a display_id while the launch runs; when it ends, that output is
-replaced (update_display) by the static text/plain + text/html transcript (nbddp/views/transcript.py)
-and every widget of the view is closed: a saved notebook reads the same after a kernel restart,
-on GitHub and in nbconvert, and the kernel keeps no widgets from past cells.
+The status is a plain text/html + text/plain display, not a widget, updated under its
+display_id: a notebook saved while the cell runs keeps the last state it showed, readable after
+the kernel is gone (a widget's display cannot be updated so: front ends re-create its view).
+When the launch ends, the status is replaced by the static text/plain + text/html transcript
+(nbddp/views/transcript.py), the widget's display is emptied and every widget of the view is
+closed: a saved notebook reads the same after a kernel restart, on GitHub and in nbconvert, and
+the kernel keeps no widgets from past cells.
 
 Each rank stream goes through a terminal model (nbddp/views/terminal.py): a line still being written
 (a progress bar) is shown at the bottom of its pane, updated at the pane's rate, and mirrored on
 the rank's chip.
 
-Bounded: each pane holds the last TAIL_LINES lines (with an "N earlier lines hidden" marker and
-the full log's path); widget updates are sent from ``tick`` only, at most every PANE_INTERVAL_S
-per pane and within a token-bucket budget of RATE_CHARS_PER_S, so a flood of long lines costs
-the front end about 1 MB of HTML a second, whatever the ranks produce.
+Bounded: each pane holds about the last TAIL_LINES lines in a ring of SLOTS blocks (with an "N
+earlier lines hidden" marker and the full log's path); widget updates are sent from ``tick``
+only, at most every PANE_INTERVAL_S per pane and within a token-bucket budget of
+RATE_CHARS_PER_S, so a flood of long lines costs the front end about 1 MB of HTML a second,
+whatever the ranks produce.
 """
 from __future__ import annotations
 
@@ -42,50 +47,101 @@ RATE_CHARS_PER_S = 1_000_000  # pane HTML sent to the front end per second, on a
 BURST_CHARS = 1_000_000       # what may go out at once after a quiet spell
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
-SLACK_LINES = 250        # a pane holds up to TAIL_LINES + this before it is compacted
-MAX_BLOCKS = 120         # blocks in a pane before it is compacted
+SLOTS = 16               # HTML blocks holding a pane's lines, reused oldest first
 
 
 class _Pane:
-    """One rank's (or all ranks') scrolling pane. Lines are appended in blocks: each push adds
-    one HTML widget with the lines that came since the last one, and only the small "pending"
-    widget (lines still being written) is re-sent; nothing shown is replaced, so a selection
-    survives and the scroller, created once, keeps its position (column-reverse: pinned to the
-    newest line while the user is at the bottom, left alone when they scrolled up). A rank's rich
-    output is a block of its own, in order with its lines. Bounded: past TAIL_LINES + SLACK_LINES
-    lines (or MAX_BLOCKS blocks) the pane is compacted to its last TAIL_LINES lines, once.
+    """One rank's (or all ranks') scrolling pane, made so that nothing the user looks at is
+    replaced: its lines live in up to SLOTS HTML blocks of ``per_slot`` lines each. New lines go
+    into the newest ("open") block, which alone is re-sent; when it is full the next block takes
+    over, and once SLOTS blocks exist the oldest block is emptied and reused at the bottom (its
+    CSS ``order`` moves it there; the list of children never changes, because ipywidgets
+    re-creates the views of every child after the first changed one). So the other blocks keep
+    their DOM: a selection in them survives, and the scroller, created once, keeps its position
+    (column-reverse: pinned to the newest line while the user is at the bottom, left alone when
+    they scrolled up). Rich outputs are Output blocks in the same order, reused the same way
+    past MAX_DISPLAYS.
     """
 
-    def __init__(self, title: str, shared: dict):
+    def __init__(self, title: str, shared: dict, capacity: int):
         self.title = title
         self.shared = shared
+        self.per_slot = max(1, -(-capacity // (SLOTS - 1)))   # SLOTS - 1 full blocks hold the tail
         self.marker = W.HTML(value="", **shared)
         self.pending = W.HTML(value="", **shared)
-        self.blocks: list = []        # (widget, lines in it)
-        self.shown = 0                # lines in the blocks
-        self.sent = 0                 # the tail's total when the last block was made
+        self.slots: list = []         # [widget, entries] in creation order
+        self.rich: list = []          # Output widgets, creation order
+        self.open = None              # the slot new lines go into
+        self.seq = 0                  # the CSS order of the next block
+        self.sent = 0                 # the tail's total when lines were last taken
+        self.ring = W.VBox([], layout=W.Layout(flex="none", overflow="visible"))
         # flex:none — a box shrinks to its scroller's height (and scrolls itself) otherwise
-        self.inner = W.VBox([self.marker, self.pending], layout=W.Layout(flex="none", overflow="visible"))
+        self.inner = W.VBox([self.marker, self.ring, self.pending], layout=W.Layout(flex="none", overflow="visible"))
         self.box = W.VBox([self.inner], layout=W.Layout(
             max_height="26em", overflow="auto", display="flex", flex_flow="column-reverse",
-            border="1px solid #ddd", padding="2px 6px"))
+            border="1px solid var(--jp-border-color2, #ddd)", padding="2px 6px"))
         self.box.add_class("nbddp-pane")
-        self.widgets = [self.marker, self.pending, self.inner, self.box]
+        self.widgets = [self.marker, self.pending, self.ring, self.inner, self.box]
         self.dirty = False
         self.pushed_at = 0.0
 
-    def _children(self):
-        self.inner.children = (self.marker, *(w for w, _ in self.blocks), self.pending)
+    @property
+    def shown(self) -> int:
+        return sum(len(entries) for _, entries in self.slots)
 
-    def append(self, widget, lines: int) -> None:
-        self.blocks.append((widget, lines))
-        self.shown += lines
-        self._children()
+    def _bottom(self, pool: list, make, limit: int):
+        """A block for the bottom of the pane: a new widget (``make``, appended to ``pool``) while
+        ``pool`` has fewer than ``limit``, else its oldest one, moved down."""
+        if len(pool) < limit:
+            widget = make(W.Layout(margin="0", flex="none", order=str(self.seq)))
+            pool.append(widget)
+            self.ring.children = (*self.ring.children, widget)   # appended: no other view is redrawn
+        else:
+            widget = min(pool, key=lambda w: int(w.layout.order))
+            widget.layout.order = str(self.seq)
+        self.seq += 1
+        return widget
 
-    def clear(self) -> None:
-        for widget, _ in self.blocks:
+    def take(self, entries: list) -> list:
+        """Put new lines into the open slot and the ones after it; returns the slots that changed."""
+        changed = []
+        while entries:
+            if self.open is None or len(self.open[1]) >= self.per_slot:
+                widget = self._bottom([w for w, _ in self.slots], self._slot_widget, SLOTS)
+                self.open = next((s for s in self.slots if s[0] is widget), None)
+                if self.open is None:
+                    self.open = [widget, []]
+                    self.slots.append(self.open)
+                self.open[1] = []
+            room = self.per_slot - len(self.open[1])
+            self.open[1].extend(entries[:room])
+            entries = entries[room:]
+            if self.open not in changed:
+                changed.append(self.open)
+        return changed
+
+    def _slot_widget(self, layout):
+        widget = W.HTML(value="", layout=layout, style=self.shared["style"])
+        widget.add_class("nbddp-block")
+        return widget
+
+    def empty(self) -> None:
+        """Every slot but the open one emptied; the open one is refilled from its start."""
+        for slot in self.slots:
+            if slot is not self.open and slot[1]:
+                slot[0].value = ""
+            slot[1] = []
+
+    def add_rich(self, bundle: dict) -> None:
+        self.open = None   # lines after it go below it
+        widget = self._bottom(self.rich, lambda layout: W.Output(layout=layout), transcript.MAX_DISPLAYS)
+        widget.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+
+    def close(self) -> None:
+        for widget in [w for w, _ in self.slots] + self.rich:
+            widget.layout.close()
             widget.close()
-        self.blocks, self.shown = [], 0
+        self.slots, self.rich = [], []
 
 
 def _pre(body: str) -> str:
@@ -101,12 +157,13 @@ class WidgetView(Sink):
         self.spec = spec
         self.c = Collector(spec)
         self._publish = publish or ipy_display
-        self.handle = None
-        self.header = W.HTML(value="")
-        self.info = W.HTML(value="")
+        self.handle = None      # the widget's display
+        self.status = None      # the status display above it: HTML and text, both kept current
+        self._status_sent: dict = {}
+        self.info = ""          # the launch line, HTML
         self.panes: dict = {}
         self.root = None
-        self._widgets = [self.header, self.info]   # everything to close when the launch ends
+        self._widgets = []      # everything to close when the launch ends
         self._hung: dict = {}   # rank -> where it waits, while the idle warning holds
         self._asking = (None, [], None)  # (rank at the input box, ranks waiting for it, why)
         self._header_dirty = True
@@ -118,12 +175,12 @@ class WidgetView(Sink):
     # ------------------------------------------------------------ building
     def _build(self):
         shown = sorted(self.c.tails)
-        # one layout and style for all blocks (else each HTML widget brings two more models)
+        # one layout and style for the small widgets (else each HTML widget brings two more models)
         shared = {"layout": W.Layout(margin="0", flex="none"), "style": HTMLStyle()}
         self._widgets += list(shared.values())
-        self.panes = {"all": _Pane("all ranks", shared)}
+        self.panes = {"all": _Pane("all ranks", shared, self.c.all.lines.maxlen)}
         for r in shown:
-            self.panes[r] = _Pane(f"rank {r}", shared)
+            self.panes[r] = _Pane(f"rank {r}", shared, self.c.tails[r].lines.maxlen)
         order = [r for r in shown] + ["all"]
         boxes = [self.panes[k].box for k in order]
         titles = [self.panes[k].title for k in order]
@@ -141,13 +198,15 @@ class WidgetView(Sink):
             self._widgets += [link, stack, pick]
         self.body = body
         self.order = order
-        self.root = W.VBox([self.header, self.info, body])
+        self.root = W.VBox([body])
         self.root.add_class("nbddp-view")
         self._widgets += [body, self.root] + [w for p in self.panes.values() for w in p.widgets]
 
     def _live_bundle(self) -> dict:
-        return {"text/plain": f"nbddp: {self.c.result.world_size} ranks running (live view: ipywidgets); "
-                              f"logs in {self.c.result.log_dir}",
+        # a front end re-creates a widget's view whenever its display is updated, so this text
+        # stays as it is: the status display above carries the current state in text
+        return {"text/plain": "(nbddp live view of each rank's output, ipywidgets: the status above "
+                              "is the last state it showed)",
                 WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.root.model_id}}
 
     def close(self):
@@ -157,7 +216,7 @@ class WidgetView(Sink):
         KERNEL_WINDOW.charge(time.monotonic(), 0, msgs=sum(len(p.blocks) for p in self.panes.values())
                              + 3 * len(self._widgets))
         for pane in self.panes.values():
-            pane.clear()
+            pane.close()
         for widget in self._widgets:
             for part in (getattr(widget, "layout", None), getattr(widget, "style", None), widget):
                 if isinstance(part, W.Widget):
@@ -170,10 +229,11 @@ class WidgetView(Sink):
         self._build()
         hidden = "" if spec.ranks_shown is None else \
             f", showing {label(spec.ranks_shown)}"
-        self.info.value = (f'<span style="color:#666;font-size:12px">'
-                           f'{html.escape(transcript.launch_line(result, spec, backend, "×"))}{hidden}; '
-                           f'full logs in <code>{html.escape(result.log_dir)}</code></span>')
-        self._push_header()
+        self.info = (f'<div style="color:{transcript.MUTED};font-size:12px">'
+                     f'{html.escape(transcript.launch_line(result, spec, backend, "×"))}{hidden}; '
+                     f'full logs in <code>{html.escape(result.log_dir)}</code></div>')
+        self._status_sent = self._status_bundle()
+        self.status = self._publish(self._status_sent, raw=True, display_id=True)
         self.handle = self._publish(self._live_bundle(), raw=True, display_id=True)
 
     def rank_started(self, rank_result):
@@ -193,14 +253,7 @@ class WidgetView(Sink):
             return
         pane = self.panes[rank]
         self._push_pane(pane, time.monotonic())   # the lines before it first: the order is kept
-        rich = W.Output(layout=pane.shared["layout"])
-        rich.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
-        pane.append(rich, 0)
-        shown = [b for b in pane.blocks if b[1] == 0]
-        if len(shown) > transcript.MAX_DISPLAYS:   # bounded: the oldest rich output goes
-            pane.blocks.remove(shown[0])
-            shown[0][0].close()
-            pane._children()
+        pane.add_rich(bundle)
 
     def note(self, text: str):
         self.c.note(text)
@@ -260,7 +313,8 @@ class WidgetView(Sink):
         for pane in self.panes.values():
             self._push_pane(pane, now)
         if self.handle is not None:   # the durable output: the static transcript, no widget
-            self.handle.update(transcript.bundle(self.c), raw=True)
+            self.handle.update({"text/html": "", "text/plain": ""}, raw=True)
+            self.status.update(transcript.bundle(self.c), raw=True)
         self.close()
         # many ranks' panes close in a burst: the error raised next must not come while the
         # server still counts it over its message rate (it would drop it)
@@ -292,6 +346,15 @@ class WidgetView(Sink):
 
     # ------------------------------------------------------------ drawing
     def _push_header(self):
+        bundle = self._status_bundle()
+        if bundle != self._status_sent and self.status is not None:
+            self._status_sent = bundle
+            self.status.update(bundle, raw=True)
+
+    def _status_bundle(self) -> dict:
+        """The status display: headline, hang banner, chips and the launch line in HTML, and the
+        same state in text (ranks, states, last lines), so a notebook saved while the cell runs
+        reads as the last state shown even after the kernel is gone."""
         self._header_dirty = False
         self._header_at = time.monotonic()
         result = self.c.result
@@ -299,22 +362,27 @@ class WidgetView(Sink):
         banner = ""
         if hung and not self.c.finished:
             where = "; ".join(f"rank {r} blocked at {w}" if w else f"rank {r}: no stack" for r, w in sorted(hung.items()))
+            fg, bg = transcript.STATE_COLORS["hung"]
             banner = (f'<div class="nbddp-hang" style="margin:3px 0;padding:3px 8px;border-radius:3px;'
-                      f'background:#fff1dc;color:#8a4b00;border:1px solid #e0b060">&#9888; no output from any '
+                      f'line-height:1.4;background:{bg};color:{fg};border:1px solid {fg}">&#9888; no output from any '
                       f'rank for {time.monotonic() - self._hung_since + (self.spec.idle_warning or 0):.0f} s — a hung '
                       f'collective? {html.escape(where)}</div>')
         asking, waiting, purpose = self._asking
         progress = self.c.progress
         if (asking is not None or waiting) and not self.c.finished:
+            fg, bg = transcript.themed("#1a4d8f"), transcript.tint("#1a4d8f")
             banner += (f'<div class="nbddp-asking" style="margin:3px 0;padding:3px 8px;border-radius:3px;'
-                       f'background:#e8f0fe;color:#1a4d8f;border:1px solid #9bb8e8">&#9998; '
+                       f'background:{bg};color:{fg};border:1px solid {fg}">&#9998; '
                        f'{html.escape(summary.asking_line(asking, waiting, purpose))}</div>')
             words = "asks for input" if purpose == "input" else "in the debugger"
             progress = (lambda r: words if r == asking else "waits for the debugger" if r in waiting
                         else self.c.progress(r))
-        self.header.value = (f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>{banner}'
-                             f'<div style="display:flex;flex-wrap:wrap">'
-                             f'{transcript.chips_html(result, progress=progress, hung=hung)}</div>')
+        return {"text/plain": transcript.live_text(self.c, hung),
+                "text/html": (f'<div class="nbddp-status" style="line-height:1.4">'
+                              f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>{banner}'
+                              f'<div style="display:flex;flex-wrap:wrap">'
+                              f'{transcript.chips_html(result, progress=progress, hung=hung)}</div>'
+                              f'{self.info}</div>')}
 
     def _push_pane(self, pane: _Pane, now: float) -> int:
         key = next(k for k, p in self.panes.items() if p is pane)
@@ -329,21 +397,17 @@ class WidgetView(Sink):
         sent = 0
         new = tail.total - pane.sent
         if new > 0:
-            keep = tail.lines.maxlen
-            if new >= len(tail.lines) or pane.shown + new > keep + SLACK_LINES or len(pane.blocks) >= MAX_BLOCKS:
-                pane.clear()   # compact: start again from the tail (rare: a flood, or a long run)
-                entries = list(tail.lines)
-            else:
-                entries = list(itertools.islice(tail.lines, len(tail.lines) - new, None))
-            value = _pre(transcript.lines_html(entries, with_rank=with_rank))
-            block = W.HTML(value=value, **pane.shared)
-            block.add_class("nbddp-block")
-            pane.append(block, len(entries))
+            entries = list(itertools.islice(tail.lines, max(0, len(tail.lines) - new), None))
+            if new >= pane.per_slot * (SLOTS - 1):   # a flood: every block would be replaced anyway,
+                pane.empty()                         # so only the newest block's worth is shown
+                entries = entries[-pane.per_slot:]
+            for widget, lines in pane.take(entries):
+                widget.value = _pre(transcript.lines_html(lines, with_rank=with_rank))
+                sent += len(widget.value)
             pane.sent = tail.total
-            sent += len(value)
         hidden = tail.total - pane.shown
         marker = "" if not hidden else (
-            f'<div class="nbddp-hidden" style="color:#666;font-size:12px"><i>… {hidden} earlier '
+            f'<div class="nbddp-hidden" style="color:{transcript.MUTED};font-size:12px"><i>… {hidden} earlier '
             f'line{"s" if hidden != 1 else ""} hidden; full log: <code>{html.escape(log)}</code></i></div>')
         if pane.marker.value != marker:
             pane.marker.value = marker
