@@ -29,10 +29,12 @@ def backend() -> str:
 
 def load_ipython_extension(ipython) -> None:
     from nbddp.forkserver import starter
+    from nbddp.kernel import frontend_probe
     from nbddp.magic import DDPMagics, install_interrupt_line
 
     ipython.register_magics(DDPMagics)
     install_interrupt_line(ipython)
+    frontend_probe.probe(ipython)  # the first %%ddp cell then knows whether this front end renders widgets
     starter.warm_up()
     _say_who_can_connect()
     # the next cells wait for that background import of torch instead of racing it
