@@ -261,10 +261,41 @@ def warm_up() -> threading.Thread:
     return thread
 
 
-def wait_for_torch(*_args) -> None:
+FIRST_CELL_STATUS = "nbddp: starting ranks: importing torch, first cell only"
+OTHER_CELL_STATUS = "nbddp: waiting for torch to finish importing (first cell after %load_ext only)"
+
+
+def wait_for_torch(info=None, *_args) -> None:
     """Block until the background import of torch (``warm_up``) has finished; at once after.
-    The stop button while it waits ends the wait only (the cell then runs as it would have)."""
+    While it waits, the cell shows why (a display that is emptied when the wait ends), so the
+    first cell after ``%load_ext`` is not blank for seconds. The stop button while it waits
+    ends the wait only (the cell then runs as it would have)."""
+    if _torch_ready.is_set():
+        return
+    status = _show_status(info)
     try:
         _torch_ready.wait()
     except KeyboardInterrupt:
         pass
+    finally:
+        if status is not None:
+            try:
+                status.update({"text/plain": ""}, raw=True)
+            except Exception:
+                pass
+
+
+def _show_status(info):
+    """A display of why this cell waits (None outside a Jupyter kernel)."""
+    cell = getattr(info, "raw_cell", "") or ""
+    text = FIRST_CELL_STATUS if cell.lstrip().startswith("%%ddp") else OTHER_CELL_STATUS
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if getattr(get_ipython(), "kernel", None) is None:
+            return None
+
+        return display({"text/plain": text}, raw=True, display_id=True)
+    except Exception:
+        return None
