@@ -2,8 +2,15 @@
 still run. (The kernel driver is tests/kernel.py.)"""
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import secrets
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
 
 import psutil
 
@@ -42,3 +49,59 @@ def wait_gone(pids, timeout: float = 5.0) -> list[int]:
     """Wait (``timeout`` s at most) until none of ``pids`` runs; the ones still running."""
     wait_until(lambda: not alive(pids), timeout)
     return alive(pids)
+
+
+@contextlib.contextmanager
+def jupyterlab(tmp_path, cells, disabled_extensions=()):
+    """JupyterLab on 127.0.0.1 with a temporary root holding ``ddp.ipynb`` (``cells``, each a
+    code cell's source) and its own config, settings and runtime folders; ``disabled_extensions``
+    are turned off as a server without them would be (page_config.json). Yields (base URL,
+    token, tmp_path); stopped after."""
+    import pytest
+
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
+                     "outputs": [], "source": src} for i, src in enumerate(cells)],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    (root / "ddp.ipynb").write_text(json.dumps(nb))
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    if disabled_extensions:
+        labconfig = tmp_path / "config" / "labconfig"
+        labconfig.mkdir(parents=True)
+        (labconfig / "page_config.json").write_text(
+            json.dumps({"disabledExtensions": {name: True for name in disabled_extensions}}))
+    port, token = free_port(), secrets.token_hex(16)
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"))
+    env.pop("NBDDP_OUTPUT", None)
+    log = open(tmp_path / "lab.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
+         "--LabApp.news_url=", "--allow-root"],
+        cwd=str(root), env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2).read()
+            break
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.close()
+                pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+            time.sleep(0.3)
+    try:
+        yield base, token, tmp_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()

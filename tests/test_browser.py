@@ -1,17 +1,12 @@
 """In a real browser: JupyterLab on 127.0.0.1 with a temporary root, Debian's Chromium driven by
 playwright, a `%%ddp -n 2` cell run from the notebook UI; both ranks' tabs and status chips must
 show the expected text. Saves a screenshot to artifacts/."""
-import json
 import os
-import secrets
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 
-from helpers import free_port
+from helpers import jupyterlab
 
 pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
@@ -66,45 +61,8 @@ time.sleep(30)
 
 @pytest.fixture
 def lab(tmp_path):
-    root = tmp_path / "root"
-    root.mkdir()
-    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
-                     "outputs": [], "source": src} for i, src in enumerate(["%load_ext nbddp", CELL, FLOOD, MANY, STREAM, HANG, FAIL16])],
-          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
-          "nbformat": 4, "nbformat_minor": 5}
-    (root / "ddp.ipynb").write_text(json.dumps(nb))
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
-    port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"))
-    env.pop("NBDDP_OUTPUT", None)
-    log = open(tmp_path / "lab.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
-         "--LabApp.news_url=", "--allow-root"],
-        cwd=str(root), env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2).read()
-            break
-        except Exception:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.close()
-                pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
-            time.sleep(0.3)
-    yield base, token, tmp_path
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-    log.close()
+    with jupyterlab(tmp_path, ["%load_ext nbddp", CELL, FLOOD, MANY, STREAM, HANG, FAIL16]) as served:
+        yield served
 
 
 def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
