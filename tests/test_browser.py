@@ -12,6 +12,17 @@ pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "artifacts")
+def open_notebook(browser, base, token):
+    """A page with JupyterLab's ddp.ipynb open and its kernel connected and idle."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page.goto(f"{base}/lab/tree/ddp.ipynb?token={token}", timeout=90_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
+    return page
+
+
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -74,11 +85,7 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            page.goto(f"{base}/lab/tree/ddp.ipynb?token={token}", timeout=90_000)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            # the kernel is connected and idle before anything runs
-            expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
+            page = open_notebook(browser, base, token)
             first_prompt = page.locator(".jp-Cell").nth(0).locator(".jp-InputPrompt")
             for attempt in range(3):  # a click that lands while Lab is still settling can be lost
                 page.get_by_role("menuitem", name="Run", exact=True).click()

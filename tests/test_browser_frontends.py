@@ -7,7 +7,7 @@ import os
 import pytest
 
 from helpers import jupyterlab
-from test_browser import ARGS, ARTIFACTS, CHROMIUM
+from test_browser import ARGS, ARTIFACTS, CHROMIUM, open_notebook
 
 pytestmark = pytest.mark.kernel
 
@@ -23,10 +23,7 @@ def test_jupyterlab_without_the_widgets_front_end_gets_text_saying_why(tmp_path)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
             try:
-                page = browser.new_page(viewport={"width": 1200, "height": 900})
-                page.goto(f"{base}/lab/tree/ddp.ipynb?token={token}", timeout=90_000)
-                page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-                expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
+                page = open_notebook(browser, base, token)
                 cells = page.locator(".jp-Cell")
                 for i in range(3):  # one at a time, as a person would (a "Run all" races the probe)
                     cells.nth(i).locator(".jp-InputArea-editor").click()
