@@ -52,7 +52,8 @@ def front_end_name(metadata: dict | None) -> str:
     return ""
 
 
-def _major(version: str) -> int:
+def major(version: str) -> int:
+    """The major number of a version string (0 when it has none)."""
     try:
         return int(version.split(".", 1)[0])
     except ValueError:
@@ -66,7 +67,7 @@ def renders_widgets_here(evidence: Evidence) -> str:
     if evidence.ipywidgets is None:
         return ("ipywidgets is not installed in this kernel; `pip install \"ipywidgets>=8\"` "
                 "gives the live widget view")
-    if _major(evidence.ipywidgets) < WIDGETS_MAJOR:
+    if major(evidence.ipywidgets) < WIDGETS_MAJOR:
         return (f"the live widget view needs ipywidgets {WIDGETS_MAJOR} and this kernel has "
                 f"{evidence.ipywidgets} (Colab and Kaggle pin 7; keep their pin: upgrading it "
                 f"breaks their runtime)")

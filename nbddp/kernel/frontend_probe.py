@@ -5,7 +5,8 @@ view from:
 - the round trip: once per session that names a widget front end (JupyterLab, Notebook 7, VS
   Code), the kernel opens a small ipywidgets model; a front end without a widget manager answers
   with ``comm_close`` for the target it does not know (JupyterLab's kernel connection does), and
-  the kernel handles that answer between cells. Its model is closed at the next cell.
+  the kernel handles that answer between cells. Probes stay open (one small model per session in
+  a front end that has a manager), so an answer that comes late still counts.
 - ipywidgets' ``jupyter.widget.control`` comm, opened by a widget manager when it connects to a
   kernel that has ipywidgets imported: recorded for the session that opened it, not kernel-wide
   (ipywidgets' own ``Widget._control_comm`` stays set after that browser tab is gone).
@@ -17,14 +18,14 @@ from __future__ import annotations
 
 import os
 
-from nbddp.core.frontends import Evidence, front_end_name
+from nbddp.core.frontends import WIDGETS_MAJOR, Evidence, front_end_name, major
 
 CONTROL_TARGET = "jupyter.widget.control"
 
 closed_sessions: set[str] = set()  # sessions that closed a probe: no widget manager there
 control_sessions: set[str] = set()  # sessions whose widget manager opened the control comm
 _probed_sessions: set[str] = set()
-_probe = None  # the open probe widget, closed at the next cell
+_probes: list = []  # the probe widgets, kept so their comms live
 
 
 def _parent(shell) -> dict:
@@ -98,19 +99,11 @@ def evidence(shell) -> Evidence:
 
 
 def probe(shell) -> None:
-    """Close the last probe; open one for a session not yet asked whose cells name a widget
-    front end (never for nbclient or papermill: their saved notebook would keep its model)."""
-    global _probe
-    if _probe is not None:
-        try:
-            _probe.close()
-        except Exception:
-            pass
-        _probe = None
+    """Open a probe for a session not yet asked whose cells name a widget front end (never for
+    nbclient or papermill: their saved notebook would keep its model)."""
     if shell is None or getattr(shell, "kernel", None) is None:
         return
-    version = ipywidgets_version()
-    if version is None or not version.split(".")[0].isdigit() or int(version.split(".")[0]) < 8:
+    if major(ipywidgets_version() or "0") < WIDGETS_MAJOR:
         return
     parent = _parent(shell)
     session = _session_of(parent)
@@ -131,4 +124,4 @@ def probe(shell) -> None:
             closed_sessions.add(answered)
 
     comm.on_close(closed)
-    _probe = widget
+    _probes.append(widget)
