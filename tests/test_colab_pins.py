@@ -1,6 +1,5 @@
 """nbddp installs and runs with Google Colab's pinned IPython 7.34.0, ipykernel 6.17.1 and ipywidgets
-7.7.1 (upgrading them puts Colab's runtime in a crash loop, googlecolab/colabtools#5580; Kaggle's
-images pin the same generation): a venv with exactly those pins, nbddp installed into it from this
+7.7.1 (upgrading them puts Colab's runtime in a crash loop, googlecolab/colabtools#5580): a venv with exactly those pins, nbddp installed into it from this
 checkout as a user would (`pip install nbddp` resolves against the pins, nothing upgraded), then
 that venv's kernel runs a `%%ddp` cell (the text view, saying why: the live view needs ipywidgets
 8), `--output widgets` (says it cannot, shows text), the pool, and a lesson under papermill.
@@ -28,7 +27,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.timeout(1800)]  # the first run bu
 
 COLAB_PINS = {"ipython": "7.34.0", "ipykernel": "6.17.1", "ipywidgets": "7.7.1"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LESSON = "02_what_the_launcher_sets.ipynb"  # needs nothing beyond nbddp (no matplotlib)
+LESSON = "00_quickstart.ipynb"  # what a learner runs first; needs nothing beyond nbddp (no matplotlib)
 
 
 def _constraints() -> str:

@@ -69,8 +69,8 @@ def renders_widgets_here(evidence: Evidence) -> str:
                 "gives the live widget view")
     if major(evidence.ipywidgets) < WIDGETS_MAJOR:
         return (f"the live widget view needs ipywidgets {WIDGETS_MAJOR} and this kernel has "
-                f"{evidence.ipywidgets} (Colab and Kaggle pin 7; keep their pin: upgrading it "
-                f"breaks their runtime)")
+                f"{evidence.ipywidgets} (Colab pins 7: keep its pin, upgrading it breaks "
+                f"Colab's runtime)")
     if evidence.closed_probe and not evidence.opened_control:
         return ("this front end cannot render ipywidgets (it closed the widget nbddp opened): "
                 "install `jupyterlab_widgets` where JupyterLab or Notebook runs (`pip install "
