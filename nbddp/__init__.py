@@ -38,14 +38,17 @@ def can_answer() -> bool:
 
 def load_ipython_extension(ipython) -> None:
     from nbddp.forkserver import starter
+    from nbddp.kernel import frontend_probe
     from nbddp.magic import DDPMagics, install_interrupt_line
 
     ipython.register_magics(DDPMagics)
     install_interrupt_line(ipython)
+    frontend_probe.probe(ipython)  # the first %%ddp cell then knows whether this front end renders widgets
     starter.warm_up()
     _say_who_can_connect()
     # the next cells wait for that background import of torch instead of racing it
     ipython.events.register("pre_run_cell", starter.wait_for_torch)
+    ipython.events.register("post_run_cell", starter.clear_status)
 
 
 def _say_who_can_connect() -> None:
@@ -71,7 +74,8 @@ def _say_who_can_connect() -> None:
 def unload_ipython_extension(ipython) -> None:
     from nbddp.forkserver import starter
 
-    try:
-        ipython.events.unregister("pre_run_cell", starter.wait_for_torch)
-    except ValueError:
-        pass
+    for event, hook in (("pre_run_cell", starter.wait_for_torch), ("post_run_cell", starter.clear_status)):
+        try:
+            ipython.events.unregister(event, hook)
+        except ValueError:
+            pass

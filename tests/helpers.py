@@ -3,6 +3,8 @@ still run. (The kernel driver is tests/kernel.py.)"""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import secrets
 import socket
 import subprocess
@@ -81,3 +83,31 @@ def jupyter_server(module: str, root, env: dict, log_path, *args: str, timeout: 
             proc.kill()
             proc.wait(5)
         log.close()
+
+
+@contextlib.contextmanager
+def jupyterlab(tmp_path, cells, disabled_extensions=()):
+    """JupyterLab (``jupyter_server``) with a temporary root holding ``ddp.ipynb`` (``cells``, each
+    a code cell's source) and its own config, settings and runtime folders; ``disabled_extensions``
+    are turned off as a server without them would be (page_config.json). Yields (base URL,
+    token, tmp_path)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
+                     "outputs": [], "source": src} for i, src in enumerate(cells)],
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    (root / "ddp.ipynb").write_text(json.dumps(nb))
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    if disabled_extensions:
+        labconfig = tmp_path / "config" / "labconfig"
+        labconfig.mkdir(parents=True)
+        (labconfig / "page_config.json").write_text(
+            json.dumps({"disabledExtensions": {name: True for name in disabled_extensions}}))
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"))
+    env.pop("NBDDP_OUTPUT", None)
+    with jupyter_server("jupyterlab", root, env, tmp_path / "lab.log", "--LabApp.news_url=") as (base, token):
+        yield base, token, tmp_path

@@ -89,6 +89,17 @@ def lab(tmp_path):
         yield base, token, tmp_path
 
 
+def open_notebook(browser, base, token):
+    """A page with JupyterLab's ddp.ipynb open and its kernel connected and idle."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page.goto(f"{base}/lab/tree/ddp.ipynb?token={token}", timeout=90_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle", timeout=90_000)
+    return page
+
+
 def run_all(browser, url):
     """A page with the notebook at ``url`` open, its kernel idle, and Run All Cells clicked."""
     from playwright.sync_api import expect

@@ -191,6 +191,15 @@ def start_all(processes, limit: float | None = None) -> None:
     ``limit``, a forkserver that has not forked them all by then is killed (the blocked starts
     then fail at once) and ForkserverStuck is raised: a stuck forkserver never holds the
     kernel."""
+    if _answered is None or _answered != forkserver._forkserver._forkserver_pid:
+        show_status(FIRST_CELL_STATUS)  # a new forkserver may still be importing torch (seconds)
+    try:
+        _start_all(processes, limit)
+    finally:
+        clear_status()
+
+
+def _start_all(processes, limit):
     global _answered
     if len(processes) <= 1 and limit is None:
         for process in processes:
@@ -282,10 +291,49 @@ def warm_up() -> threading.Thread:
     return thread
 
 
-def wait_for_torch(*_args) -> None:
+FIRST_CELL_STATUS = "nbddp: starting ranks: importing torch, first cell only"
+OTHER_CELL_STATUS = "nbddp: waiting for torch to finish importing (first cell after %load_ext only)"
+_status = None  # the display saying so, until the forkserver has forked (or the cell ends)
+
+
+def wait_for_torch(info=None, *_args) -> None:
     """Block until the background import of torch (``warm_up``) has finished; at once after.
-    The stop button while it waits ends the wait only (the cell then runs as it would have)."""
+    While it waits, the cell says why (a display emptied once the forkserver, which imports the
+    larger list, has forked the ranks, or at the end of the cell), so the first cell after
+    ``%load_ext`` is not blank for seconds. The stop button while it waits ends the wait only
+    (the cell then runs as it would have)."""
+    if _torch_ready.is_set():
+        return
+    cell = getattr(info, "raw_cell", "") or ""
+    show_status(FIRST_CELL_STATUS if cell.lstrip().startswith("%%ddp") else OTHER_CELL_STATUS)
     try:
         _torch_ready.wait()
     except KeyboardInterrupt:
         pass
+
+
+def show_status(text: str) -> None:
+    """Show ``text`` in the running cell until clear_status (only in a Jupyter kernel, from its
+    main thread: a background start of spares shows nothing)."""
+    global _status
+    if _status is not None or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if getattr(get_ipython(), "kernel", None) is not None:
+            _status = display({"text/plain": text}, raw=True, display_id=True)
+    except Exception:
+        _status = None
+
+
+def clear_status(*_args) -> None:
+    """Empty the status display (an IPython post_run_cell hook too, for a cell that ended first)."""
+    global _status
+    status, _status = _status, None
+    if status is not None:
+        try:
+            status.update({"text/plain": ""}, raw=True)
+        except Exception:
+            pass

@@ -14,9 +14,13 @@ import io
 import sys
 import threading
 
-import IPython.core.display_functions as _display_functions
 import IPython.display as _ipython_display
 from IPython.core import display as _core_display
+
+try:
+    import IPython.core.display_functions as _display_functions  # IPython 8: display() moved here
+except ImportError:  # IPython 7 (Colab's 7.34): it is IPython.core.display's
+    _display_functions = _core_display
 
 from nbddp.core import messages as msg
 

@@ -3,64 +3,30 @@
 ``--output widgets``: the live ipywidgets view (nbddp/views/widgetview.py), whose displayed bundle
 also carries the static transcript. ``--output text``: ``[rankN]:`` prefixed lines as they
 arrive, and, in a Jupyter kernel, a text/plain + text/html transcript at the end (so a
-papermill-run notebook keeps a per-rank transcript). ``--output auto`` decides per cell with
-``widget_frontend``.
+papermill-run notebook keeps a per-rank transcript). ``--output auto`` decides per cell from
+what the kernel has seen of the front end (nbddp/core/frontends.py): widgets where it renders
+them, else text with one line saying why (once per kernel).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import replace
 
+from nbddp.core import frontends
 from nbddp.core.sink import Sink
+from nbddp.kernel import frontend_probe
 from nbddp.views import transcript
 from nbddp.views.textview import KERNEL_WINDOW, TextView
 
-# execute_request metadata that JupyterLab (and Notebook 7, built on it) send with every cell;
-# plain jupyter_client, nbclient and papermill send only "cellId" or nothing.
-_JUPYTERLAB_KEYS = ("deletedCells", "recordTiming")
+_said: set[str] = set()  # why-lines already shown in this kernel (each once; --output widgets's every time)
 
 
-def _parent_metadata(shell) -> dict:
-    kernel = getattr(shell, "kernel", None)
-    parent = None
-    if kernel is not None and hasattr(kernel, "get_parent"):
-        try:
-            parent = kernel.get_parent("shell")
-        except Exception:
-            parent = None
-    if not parent:
-        parent = getattr(shell, "parent_header", None) or {}
-    return parent.get("metadata") or {}
-
-
-def widget_frontend(shell) -> bool:
-    """Is a front end that renders ipywidgets attached to this cell's execution?
-
-    Evidence, in order: ``NBDDP_OUTPUT`` in the kernel's environment (widgets/text); no Jupyter
-    kernel (terminal IPython, plain Python) → no; ipywidgets missing → no; a front end opened
-    ipywidgets' ``jupyter.widget.control`` comm in this kernel (ipywidgets 8 managers do) → yes;
-    the cell came from JupyterLab / Notebook 7 (their execute_request metadata) → yes; else no
-    (jupyter_client, nbclient, papermill: they would save widgets nobody saw live).
-    """
-    forced = os.environ.get("NBDDP_OUTPUT", "").strip().lower()
-    if forced in ("widgets", "text"):
-        return forced == "widgets"
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return False
-    try:
-        from ipywidgets.widgets.widget import Widget
-    except Exception:
-        return False
-    if getattr(Widget, "_control_comm", None) is not None:
-        return True
-    metadata = _parent_metadata(shell)
-    return any(key in metadata for key in _JUPYTERLAB_KEYS)
-
-
-def output_mode(spec, shell=None) -> str:
-    if spec.output != "auto":
-        return spec.output
-    return "widgets" if widget_frontend(shell) else "text"
+def choice(spec, shell=None) -> frontends.Choice:
+    """The view for this cell (nbddp/core/frontends.py), from what the kernel has seen of the
+    front end that sent it (nbddp/kernel/frontend_probe.py)."""
+    made = frontends.choose(frontend_probe.evidence(shell), spec.output)
+    frontend_probe.probe(shell)  # the next cell's evidence, for a front end not asked yet
+    return made
 
 
 class TranscriptView(Sink):
@@ -108,8 +74,12 @@ def same_lines(spec) -> str:
 
 def make_sinks(spec, shell=None) -> list:
     spec = replace(spec, same_lines=same_lines(spec))
-    mode = output_mode(spec, shell)
+    made = choice(spec, shell)
+    mode = made.view
     in_kernel = shell is not None and getattr(shell, "kernel", None) is not None
+    if made.why and (spec.output == "widgets" or made.why not in _said):
+        _said.add(made.why)
+        print(made.why, flush=True)
     if mode == "widgets":
         from nbddp.views.widgetview import WidgetView
 

@@ -1,0 +1,98 @@
+"""Which view a front end can show, from what the kernel knows about it (pure: no kernel, no comms).
+
+The kernel never learns the front end's name or its ipywidgets version from the protocol: both
+ipywidgets 7.7+ and 8 widget managers open the same ``jupyter.widget.control`` comm (protocol
+1.0.0) and register the same ``jupyter.widget`` target. What it can know (nbddp/kernel/
+frontend_probe.py gathers it per front-end session):
+
+- the kernel's own ipywidgets: the live view is built with ipywidgets 8 (Colab pins 7.7.1,
+  whose models an ipywidgets 7 front end renders but nbddp's view does not use);
+- a round trip: the front end closed the small widget nbddp opened (a front end with no widget
+  manager closes a comm for a target it does not know: JupyterLab without ``jupyterlab_widgets``,
+  a code console without one), or it opened the control comm itself (it has a manager);
+- the execute_request's metadata: JupyterLab and Notebook 7 send ``deletedCells`` /
+  ``recordTiming``; VS Code sends ``cellId: "vscode-notebook-cell:..."``. nbclient, papermill and
+  plain jupyter_client send nothing or a bare ``cellId``: no live viewer, so text (a saved
+  widget nobody saw live would read as "model not found").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+JUPYTERLAB_KEYS = ("deletedCells", "recordTiming")
+VSCODE_CELL_PREFIX = "vscode-notebook-cell:"
+WIDGETS_MAJOR = 8  # nbddp/views/widgetview.py uses ipywidgets 8's models (HTMLStyle, Tab titles)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the kernel knows about the front end that sent this cell."""
+
+    forced: str = ""  # NBDDP_OUTPUT=widgets|text in the kernel's environment
+    in_kernel: bool = True  # a Jupyter kernel (not terminal IPython or plain Python)
+    ipywidgets: str | None = None  # the kernel's ipywidgets version; None: not installed
+    closed_probe: bool = False  # this session closed nbddp's widget: it has no widget manager
+    opened_control: bool = False  # this session opened ipywidgets' control comm: it has one
+    metadata: dict | None = None  # the execute_request's metadata
+
+
+@dataclass(frozen=True)
+class Choice:
+    view: str  # "widgets" or "text"
+    why: str = ""  # one line for the user when a widget front end gets text; "" says nothing
+
+
+def front_end_name(metadata: dict | None) -> str:
+    """JupyterLab (Notebook 7 is built on it), VS Code, or "" for a client that names nothing."""
+    metadata = metadata or {}
+    if str(metadata.get("cellId", "")).startswith(VSCODE_CELL_PREFIX):
+        return "VS Code"
+    if any(key in metadata for key in JUPYTERLAB_KEYS):
+        return "JupyterLab"
+    return ""
+
+
+def major(version: str) -> int:
+    """The major number of a version string (0 when it has none)."""
+    try:
+        return int(version.split(".", 1)[0])
+    except ValueError:
+        return 0
+
+
+def renders_widgets_here(evidence: Evidence) -> str:
+    """Why nbddp's live widget view cannot show for this cell; "" when nothing says it cannot."""
+    if not evidence.in_kernel:
+        return "not in a Jupyter kernel"
+    if evidence.ipywidgets is None:
+        return ("ipywidgets is not installed in this kernel; `pip install \"ipywidgets>=8\"` "
+                "gives the live widget view")
+    if major(evidence.ipywidgets) < WIDGETS_MAJOR:
+        return (f"the live widget view needs ipywidgets {WIDGETS_MAJOR} and this kernel has "
+                f"{evidence.ipywidgets} (Colab pins 7: keep its pin, upgrading it breaks "
+                f"Colab's runtime)")
+    if evidence.closed_probe and not evidence.opened_control:
+        return ("this front end cannot render ipywidgets (it closed the widget nbddp opened): "
+                "install `jupyterlab_widgets` where JupyterLab or Notebook runs (`pip install "
+                "jupyterlab_widgets` on the server) and reload the page")
+    return ""
+
+
+def choose(evidence: Evidence, asked: str = "auto") -> Choice:
+    """The view for one cell: ``asked`` is ``--output`` (auto, widgets or text)."""
+    if asked == "text":
+        return Choice("text")
+    cannot = renders_widgets_here(evidence)
+    if asked == "widgets":
+        if cannot and evidence.in_kernel:
+            return Choice("text", f"nbddp: --output widgets cannot show here: {cannot}; showing text")
+        return Choice("widgets")
+    if evidence.forced in ("widgets", "text"):
+        return choose(evidence, evidence.forced)
+    if not evidence.in_kernel:
+        return Choice("text")
+    if cannot:
+        return Choice("text", f"nbddp: text view: {cannot}")
+    if evidence.opened_control or front_end_name(evidence.metadata):
+        return Choice("widgets")
+    return Choice("text")

@@ -1,0 +1,127 @@
+"""What this kernel has seen of each front end, per front-end session (the ``session`` of the
+messages a browser tab, VS Code window or client sends), for nbddp/core/frontends.py to choose a
+view from:
+
+- the round trip: once per session that names a widget front end (JupyterLab, Notebook 7, VS
+  Code), the kernel opens a small ipywidgets model; a front end without a widget manager answers
+  with ``comm_close`` for the target it does not know (JupyterLab's kernel connection does), and
+  the kernel handles that answer between cells. Probes stay open (one small model per session in
+  a front end that has a manager), so an answer that comes late still counts.
+- ipywidgets' ``jupyter.widget.control`` comm, opened by a widget manager when it connects to a
+  kernel that has ipywidgets imported: recorded for the session that opened it, not kernel-wide
+  (ipywidgets' own ``Widget._control_comm`` stays set after that browser tab is gone).
+
+A "Run all" sends its cells before the answer can come back, so the cell right after
+``%load_ext`` may still be chosen from the metadata alone; every later cell knows.
+"""
+from __future__ import annotations
+
+import os
+
+from nbddp.core.frontends import WIDGETS_MAJOR, Evidence, front_end_name, major
+
+CONTROL_TARGET = "jupyter.widget.control"
+
+closed_sessions: set[str] = set()  # sessions that closed a probe: no widget manager there
+control_sessions: set[str] = set()  # sessions whose widget manager opened the control comm
+_probed_sessions: set[str] = set()
+_probes: list = []  # the probe widgets, kept so their comms live
+
+
+def _parent(shell) -> dict:
+    kernel = getattr(shell, "kernel", None)
+    parent = None
+    if kernel is not None and hasattr(kernel, "get_parent"):
+        try:
+            parent = kernel.get_parent("shell")
+        except Exception:
+            parent = None
+    return parent or getattr(shell, "parent_header", None) or {}
+
+
+def _session_of(msg) -> str:
+    return ((msg or {}).get("header") or {}).get("session", "")
+
+
+def ipywidgets_version() -> str | None:
+    try:
+        import ipywidgets
+    except Exception:
+        return None
+    return getattr(ipywidgets, "__version__", "0")
+
+
+def _comm_managers(shell):
+    """The comm managers ipywidgets may have registered its targets with (ipykernel < 6.22 has
+    its own; later ones and ipywidgets 8 use the ``comm`` package's)."""
+    found = []
+    try:
+        import comm
+
+        found.append(comm.get_comm_manager())
+    except Exception:
+        pass
+    kernel = getattr(shell, "kernel", None)
+    found.append(getattr(kernel, "comm_manager", None))
+    return [m for m in found if m is not None and hasattr(m, "targets")]
+
+
+def _watch_control_comm(shell) -> None:
+    """Wrap ipywidgets' handler for the control comm so its opener's session is recorded."""
+    for manager in _comm_managers(shell):
+        handler = manager.targets.get(CONTROL_TARGET)
+        if handler is None or getattr(handler, "_nbddp", False):
+            continue
+
+        def recording(comm, msg, _handler=handler):
+            session = _session_of(msg)
+            if session:
+                control_sessions.add(session)
+                closed_sessions.discard(session)
+            return _handler(comm, msg)
+
+        recording._nbddp = True
+        manager.targets[CONTROL_TARGET] = recording
+
+
+def evidence(shell) -> Evidence:
+    """What is known about the front end that sent the running cell."""
+    forced = os.environ.get("NBDDP_OUTPUT", "").strip().lower()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return Evidence(forced=forced, in_kernel=False)
+    version = ipywidgets_version()
+    if version is not None:
+        _watch_control_comm(shell)
+    parent = _parent(shell)
+    session = _session_of(parent)
+    return Evidence(forced=forced, ipywidgets=version, metadata=parent.get("metadata") or {},
+                    closed_probe=session in closed_sessions, opened_control=session in control_sessions)
+
+
+def probe(shell) -> None:
+    """Open a probe for a session not yet asked whose cells name a widget front end (never for
+    nbclient or papermill: their saved notebook would keep its model)."""
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return
+    if major(ipywidgets_version() or "0") < WIDGETS_MAJOR:
+        return
+    parent = _parent(shell)
+    session = _session_of(parent)
+    if not session or session in _probed_sessions or not front_end_name(parent.get("metadata")):
+        return
+    _watch_control_comm(shell)
+    from ipywidgets import Widget
+
+    widget = Widget()
+    comm = getattr(widget, "comm", None)
+    if comm is None:
+        return
+    _probed_sessions.add(session)
+
+    def closed(msg):
+        answered = _session_of(msg)
+        if answered and answered not in control_sessions:
+            closed_sessions.add(answered)
+
+    comm.on_close(closed)
+    _probes.append(widget)
