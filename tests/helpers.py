@@ -86,11 +86,12 @@ def jupyter_server(module: str, root, env: dict, log_path, *args: str, timeout: 
 
 
 @contextlib.contextmanager
-def jupyterlab(tmp_path, cells, disabled_extensions=()):
-    """JupyterLab (``jupyter_server``) with a temporary root holding ``ddp.ipynb`` (``cells``, each
-    a code cell's source) and its own config, settings and runtime folders; ``disabled_extensions``
-    are turned off as a server without them would be (page_config.json). Yields (base URL,
-    token, tmp_path)."""
+def jupyterlab(tmp_path, cells, disabled_extensions=(), theme=None):
+    """JupyterLab (``jupyter_server``; Notebook 7 too, the same server, where installed) with a
+    temporary root holding ``ddp.ipynb`` (``cells``, each a code cell's source) and its own config,
+    settings and runtime folders; ``disabled_extensions`` are turned off as a server without them
+    would be (page_config.json); ``theme`` (e.g. "JupyterLab Dark") is the user's theme setting.
+    Yields (base URL, token, tmp_path)."""
     root = tmp_path / "root"
     root.mkdir()
     nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
@@ -101,6 +102,8 @@ def jupyterlab(tmp_path, cells, disabled_extensions=()):
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    if theme:
+        (settings / "themes.jupyterlab-settings").write_text(json.dumps({"theme": theme}))
     if disabled_extensions:
         labconfig = tmp_path / "config" / "labconfig"
         labconfig.mkdir(parents=True)

@@ -213,8 +213,8 @@ class WidgetView(Sink):
         """Close every widget of the view (and their layouts and styles): no comm outlives the cell.
         Each close is an iopub message the notebook server counts (1,000/s over 3 s), so the
         messages are charged to the kernel's window (nbddp/core/iopubrate.py)."""
-        KERNEL_WINDOW.charge(time.monotonic(), 0, msgs=sum(len(p.blocks) for p in self.panes.values())
-                             + 3 * len(self._widgets))
+        blocks = sum(len(p.slots) + len(p.rich) for p in self.panes.values())   # each with its own layout
+        KERNEL_WINDOW.charge(time.monotonic(), 0, msgs=2 * blocks + 3 * len(self._widgets))
         for pane in self.panes.values():
             pane.close()
         for widget in self._widgets:
