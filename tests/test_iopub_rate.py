@@ -59,7 +59,9 @@ async def _run_cells(base, token, kernel_id, cells, timeout=240):
             await ws.write_message(json.dumps({
                 "header": {"msg_id": msg_id, "username": "test", "session": session, "msg_type": "execute_request",
                            "version": "5.3", "date": ""},
-                "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+                # as JupyterLab sends it: a front end behind the server, whose output nbddp paces
+                "parent_header": {}, "metadata": {"deletedCells": [], "recordTiming": False, "cellId": msg_id},
+                "channel": "shell", "buffers": [],
                 "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
                             "allow_stdin": False, "stop_on_error": True}}))
             got, deadline = [], time.monotonic() + timeout

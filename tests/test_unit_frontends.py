@@ -51,7 +51,7 @@ def test_output_widgets_where_they_cannot_render_says_so():
     assert made.view == "text" and made.why.startswith("nbddp: --output widgets cannot show here:")
     made = choose(ev(ipywidgets="7.7.1"), "widgets")
     assert made.view == "text" and "7.7.1" in made.why
-    assert choose(ev(metadata={}), "widgets") == choose(ev(metadata=LAB), "widgets")
+    assert choose(ev(metadata={}), "widgets").view == choose(ev(metadata=LAB), "widgets").view == "widgets"
     assert choose(ev(metadata=LAB), "widgets").view == "widgets"
     assert choose(ev(metadata=LAB, closed_probe=True), "text").view == "text"
 
@@ -61,3 +61,12 @@ def test_forced_by_environment_and_outside_a_kernel():
     assert choose(ev(forced="text", metadata=LAB)).view == "text"
     assert choose(ev(forced="widgets", metadata=LAB, closed_probe=True)).view == "text"
     assert choose(Evidence(in_kernel=False)).view == "text"
+
+
+def test_output_is_paced_only_where_a_notebook_server_is_between():
+    from nbddp.core.frontends import behind_a_server
+    assert behind_a_server(ev(metadata=LAB)) and choose(ev(metadata=LAB), "text").paced
+    assert behind_a_server(ev(metadata=VSCODE)) and behind_a_server(ev(metadata={}, opened_control=True))
+    for headless in ({}, {"cellId": "c1"}, None):  # papermill, nbclient, jupyter_client: every line
+        assert not behind_a_server(ev(metadata=headless)) and not choose(ev(metadata=headless)).paced
+    assert not behind_a_server(ev(metadata=LAB, in_kernel=False))

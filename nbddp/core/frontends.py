@@ -17,7 +17,7 @@ frontend_probe.py gathers it per front-end session):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 JUPYTERLAB_KEYS = ("deletedCells", "recordTiming")
 VSCODE_CELL_PREFIX = "vscode-notebook-cell:"
@@ -40,6 +40,7 @@ class Evidence:
 class Choice:
     view: str  # "widgets" or "text"
     why: str = ""  # one line for the user when a widget front end gets text; "" says nothing
+    paced: bool = False  # output kept under a notebook server's rate limits (behind_a_server)
 
 
 def front_end_name(metadata: dict | None) -> str:
@@ -78,8 +79,22 @@ def renders_widgets_here(evidence: Evidence) -> str:
     return ""
 
 
+def behind_a_server(evidence: Evidence) -> bool:
+    """Does this cell's output reach its front end through a notebook server, which drops a
+    kernel's output above its iopub rate limits? Yes for a front end that names itself
+    (JupyterLab, Notebook 7, VS Code: it may be a remote server) or runs a widget manager; no for
+    headless clients (papermill, nbclient, jupyter_client), which read the kernel's sockets
+    themselves, with no limit, and should get every line."""
+    return evidence.in_kernel and bool(front_end_name(evidence.metadata) or evidence.opened_control)
+
+
 def choose(evidence: Evidence, asked: str = "auto") -> Choice:
-    """The view for one cell: ``asked`` is ``--output`` (auto, widgets or text)."""
+    """The view for one cell (``asked`` is ``--output``: auto, widgets or text), paced where a
+    server is between the kernel and the front end."""
+    return replace(_view(evidence, asked), paced=behind_a_server(evidence))
+
+
+def _view(evidence: Evidence, asked: str) -> Choice:
     if asked == "text":
         return Choice("text")
     cannot = renders_widgets_here(evidence)
@@ -88,7 +103,7 @@ def choose(evidence: Evidence, asked: str = "auto") -> Choice:
             return Choice("text", f"nbddp: --output widgets cannot show here: {cannot}; showing text")
         return Choice("widgets")
     if evidence.forced in ("widgets", "text"):
-        return choose(evidence, evidence.forced)
+        return _view(evidence, evidence.forced)
     if not evidence.in_kernel:
         return Choice("text")
     if cannot:

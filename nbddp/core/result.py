@@ -3,6 +3,7 @@ cell raises. Plain data, so the magic, the Python API and the views all read the
 from __future__ import annotations
 
 import os
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,8 @@ from nbddp.core.rankfiles import RankFiles
 from nbddp.core.states import FINAL_STATES, RankState  # noqa: F401 - FINAL_STATES: imported from here
 from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
 from nbddp.core.summary import label, state_lines, wrapped
+
+_STATE_LINE = re.compile(r"ranks? [\d–, ]+: ")  # "rank 0: failed (…)": kept whole in DDPError
 
 # Rank states (nbddp/core/states.py), by the names the sources and views import from here.
 STARTING, RUNNING, OK, FAILED, TIMED_OUT, KILLED, TERMINATED, INTERRUPTED = RankState
@@ -189,7 +192,9 @@ class DDPError(RuntimeError):
         traceback, and a hang's report (where each rank waited, the hint)."""
         lines = [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self._headline()}"]
         shown_hang = bool(self.result.displayed) and any(is_hang_note(n) for n in self.result.notes)
-        lines += [wrapped("  " + line) for line in self._report_lines(self.result.summary(hang_notes=not shown_hang))]
+        # each rank's state and cause on one line, whole (searched for, copied); notes are wrapped
+        lines += ["  " + line if _STATE_LINE.match(line) else wrapped("  " + line)
+                  for line in self._report_lines(self.result.summary(hang_notes=not shown_hang))]
         for r in self.result.failed:
             if r.hint:
                 lines.append(wrapped(f"  hint (rank {r.rank}): {r.hint}"))

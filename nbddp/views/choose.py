@@ -87,5 +87,5 @@ def make_sinks(spec, shell=None) -> list:
     if in_kernel:
         # the transcript's display flushes the kernel's streams first (ipykernel does, to keep
         # them in order), so the text view's own flush, a wait on the IO thread, is not needed
-        return [TextView(spec, flush=False, window=KERNEL_WINDOW), TranscriptView(spec)]
+        return [TextView(spec, flush=False, window=KERNEL_WINDOW if made.paced else None), TranscriptView(spec)]
     return [TextView(spec)]
