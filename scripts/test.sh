@@ -20,9 +20,9 @@ fi
 bash scripts/setup-slurm.sh || echo "scripts/setup-slurm.sh failed: tests/test_slurm.py will fail" >&2
 mkdir -p artifacts
 status=0
-# Three test files at a time (pytest-xdist; a file stays on one worker, its kernel fixture shared
-# as before): most of a kernel test's time is waiting for ranks, timeouts, kernels and installs,
-# not CPU, so three at once on 2 cores keep both busy. tests/conftest.py sends the longest files
+# Two test files at a time (pytest-xdist, a file stays on one worker, its kernel fixture shared as
+# before): most of a kernel test's time is waiting for ranks, timeouts and kernels, not CPU, so
+# two at once on 2 cores take about half the time. tests/conftest.py sends the longest files
 # first. `-n 0` (after these) runs them one at a time.
-.venv/bin/python -m pytest -n 3 --dist loadfile --durations=25 "$@" || status=$?
+.venv/bin/python -m pytest -n 2 --dist loadfile "$@" || status=$?
 exit "$status"

@@ -37,16 +37,13 @@ def fresh_kernel(tmp_path):
     k.shutdown()
 
 
-# Seconds each of the longest files take alone (2 cores, 2026-12-04; the Colab venv, the README's
-# and the wheel's are built from scratch on a clean clone). scripts/test.sh runs three files at a
-# time, handing them out in collection order: longest first, so no long file starts last and
-# leaves the other workers idle while it ends.
-LONGEST = {"test_colab_pins.py": 300, "test_browser.py": 260, "test_notebooks.py": 200, "test_readme.py": 105,
-           "test_elastic.py": 87, "test_faults.py": 80, "test_pool.py": 73, "test_debugger.py": 70,
-           "test_kernel_death.py": 70, "test_slurm.py": 70, "test_descriptors.py": 67, "test_wheel.py": 66,
-           "test_interrupts.py": 65, "test_iopub_rate.py": 50, "test_training_soak.py": 45,
-           "test_browser_frontends.py": 40, "test_preload.py": 32, "test_private_net.py": 30,
-           "test_diagnosis.py": 29, "test_class_load.py": 28}
+# Seconds each of the longest files took alone (2 cores, 2026-12-04). scripts/test.sh runs two
+# files at a time, handing them out in collection order: longest first, so no long file starts
+# last and leaves one worker idle while it ends.
+LONGEST = {"test_notebooks.py": 143, "test_readme.py": 105, "test_elastic.py": 87, "test_faults.py": 80,
+           "test_pool.py": 73, "test_kernel_death.py": 70, "test_slurm.py": 70, "test_descriptors.py": 67,
+           "test_wheel.py": 66, "test_interrupts.py": 65, "test_browser.py": 55, "test_training_soak.py": 45,
+           "test_preload.py": 32, "test_private_net.py": 30, "test_diagnosis.py": 29, "test_class_load.py": 28}
 
 
 def pytest_collection_modifyitems(items):
