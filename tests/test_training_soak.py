@@ -3,12 +3,15 @@
 The cell is PyTorch's DDP tutorial series in small: a Trainer wrapping DDP(model), a DataLoader
 with DistributedSampler and set_epoch, rank 0 saving a snapshot with torch.save each epoch, and
 destroy_process_group() at the end of main(), the Trainer (and its DDP) freed at main()'s
-return. Without nbddp/rank/teardown.py about 1 launch in 4 hung at that return (gloo's ~ProcessGroupGloo joining a worker thread that waited for the GIL);
-each cell here has a --timeout, so a hang fails the test in seconds instead of hanging CI.
+return. With torch as it is, some launches hang at that return (~ProcessGroupGloo waiting for a
+gloo worker thread that waits for the GIL; nbddp/rank/teardown.py): 4 of 300 with three such
+loops at once on 2 cores, 1 of 30 here with the 5 ms pause nbddp had before, when the suite ran
+three files at a time. Each cell has a --timeout, so a hang fails in seconds, not CI's hour.
 
-30 launches a mode: with teardown.py's pause taken out, 7 of 30 hung with the preload and 7 of
-25 with NBDDP_PRELOAD=0 (2026-12-04, both cores busy); at that rate 30 clean launches happen by
-chance once in ~2,500 runs (0.77**30), and each mode alone fails.
+At a rate of 1–2 % thirty launches a mode catch a return of the hang only sometimes; what makes
+it impossible is checked without luck below: a destroyed group's threads outlive the cell's
+own references (test_destroy_keeps_gloos_threads_until_the_rank_ends), and a pool frees them
+two cells later (test_a_pool_frees_destroyed_groups_two_cells_later).
 """
 from __future__ import annotations
 
@@ -121,3 +124,67 @@ def test_a_rank_that_ends_right_after_init_never_breaks_a_peers_connect(tmp_path
         for p in busy:
             p.kill()
         k.shutdown()
+
+
+GLOO_THREADS = """
+import os
+def gloo_threads():
+    \"\"\"gloo's worker threads in this process (two per process group).\"\"\"
+    tasks = os.listdir("/proc/self/task")
+    return sum(open(f"/proc/self/task/{t}/comm").read().strip() == "pt_gloo_runloop" for t in tasks)
+"""
+
+DESTROY_THEN_FREE = """
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(4, 1))
+model(torch.ones(2, 4)).sum().backward()
+dist.destroy_process_group()
+del model   # the last reference the cell had: torch as it is would destroy the group here
+print("initialized:", dist.is_initialized(), "gloo threads:", gloo_threads(), flush=True)
+"""
+
+
+def test_destroy_keeps_gloos_threads_until_the_rank_ends(fresh_kernel):
+    """The deadlock needs ~ProcessGroupGloo to run while a worker thread waits for the GIL; with
+    the destroyed group kept, it never runs inside a cell (torch as it is: 0 threads here)."""
+    out = fresh_kernel.ok("%%ddp -n 2 --timeout 60 --output text" + GLOO_THREADS + DESTROY_THEN_FREE).stdout
+    for rank in range(2):
+        assert f"[rank{rank}]:initialized: False gloo threads: 2\n" in out, out
+
+
+def test_a_pool_frees_destroyed_groups_two_cells_later(fresh_kernel):
+    """A pool rank lives on, so what destroy keeps is freed before a later cell: the threads of
+    at most two cells' groups exist at a time (ten after five cells if nothing were freed)."""
+    k = fresh_kernel
+    k.ok("%ddp_pool start -n 2 --output text")
+    try:
+        k.ok("%%ddp" + GLOO_THREADS)
+        for _ in range(5):
+            out = k.ok("%%ddp --timeout 60" + DESTROY_THEN_FREE, timeout=120).stdout
+        assert "[rank0]:initialized: False gloo threads: 4\n" in out, out
+        assert "[rank1]:initialized: False gloo threads: 4\n" in out, out
+    finally:
+        k.execute("%ddp_pool stop")
+
+
+ROUNDS = """%%ddp -n 2 --timeout 60 --output text
+import torch, torch.distributed as dist
+names = []
+for i in range(12):
+    dist.init_process_group("gloo")
+    t = torch.ones(1); dist.all_reduce(t); assert t.item() == 2
+    names.append(dist.group.WORLD.group_name)
+    dist.destroy_process_group()
+print("rounds:", len(names), "names:", len(set(names)), flush=True)
+"""
+
+
+def test_init_and_destroy_again_and_again_in_one_cell(fresh_kernel):
+    """torch names the next default group as the last (its counter reset by destroy), so its
+    gloo keys on the store are the old group's: a rank reading a peer's stale address failed
+    "Connection refused" in 5 of 10 launches of four rounds (nbddp/rank/teardown.py)."""
+    out = fresh_kernel.ok(ROUNDS, timeout=120).stdout
+    for rank in range(2):
+        assert f"[rank{rank}]:rounds: 12 names: 12\n" in out, out

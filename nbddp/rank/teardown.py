@@ -1,21 +1,34 @@
-"""In a rank: ``torch.distributed.destroy_process_group`` lets torch's own threads finish first.
+"""In a rank: ``torch.distributed.destroy_process_group`` never lets gloo's teardown deadlock.
 
-Why (measured, torch 2.13, gloo, 2 ranks, a DDP training cell ending in destroy + return): a
-gloo work item keeps the thread-local state of the thread that issued it, and DDP's gradient
-all-reduces are issued inside ``backward()``, where torch stashes a Python object (the
-``contextvars`` context) in that state. When the last all-reduce completes, gloo's worker thread
-drops the work and needs the GIL to free that object; the GIL goes back to the main thread at
-once and the worker waits up to the 5 ms switch interval. If within those few ms the main
-thread destroys the process group (``destroy_process_group()``, then DDP's Reducer freed on
-return), ``~ProcessGroupGloo`` joins the worker thread while holding the GIL: a deadlock
-(pytorch#56297's class). How often depends on how fast the code after the last ``backward()``
-runs: 7 of 25 (and 6 of 20) launches with nbddp's preload, 2 of 12 with spawned ranks (a fresh
-interpreter) that imported the same modules first, 0 of 12 spawned without them, 0 of 25 with
-a 50 ms pause before ``destroy_process_group()``, 0 of 40 with this wrapper at 20 ms, and at
-5 ms 0 of 60 idle and 0 of 40 with both cores kept busy (7 of 20 without it under that load);
-tests/test_training_soak.py: 30 launches in a real kernel a mode, 7 of which hang without it. So the rank's ``destroy_process_group``
-first releases the GIL for a moment (``PAUSE_S``), which lets a waiting worker thread finish;
-nothing else changes (same function, same arguments, same result).
+Why (torch 2.13, gloo; seen in a DDP training cell ending in destroy + return): a gloo work item
+keeps the thread-local state of the thread that issued it, and DDP's gradient all-reduces are
+issued inside ``backward()``, where torch stashes a Python object (a ``SafePyObject``) in that
+state. The worker thread that ran the work drops it after the fact, holding gloo's work mutex,
+and needs the GIL to free that object. If at that moment the main thread frees the last
+reference to the process group (DDP's Reducer freed on return, after
+``destroy_process_group()``), ``~ProcessGroupGloo`` takes the same mutex while holding the GIL:
+a deadlock (pytorch#56297's class). gdb on a hung rank shows exactly that: the main thread in
+``Reducer::~Reducer → ~ProcessGroupGloo → pthread_mutex_lock``, a ``pt_gloo_runloop`` thread in
+``~AsyncWork → ~ThreadLocalState → take_gil``. How often depends on how soon the worker thread
+is scheduled: 4 of 300 launches of tests/test_training_soak.py's cell (three loops at once on 2
+cores), 1 of 30 with the 5 ms GIL-releasing pause nbddp used before when the test suite ran
+three files at a time; a pause only makes it rarer.
+
+So the rank's ``destroy_process_group`` keeps the groups it destroys (``_RETIRED``): torch
+unregisters them as usual (``is_initialized()`` is False, a new ``init_process_group`` works),
+but no reference the cell drops can be the last, so ``~ProcessGroupGloo`` never runs inside a
+cell. A fresh rank ends with ``os._exit`` (nbddp/rank/worker.py), so it never runs at all; a
+pool rank frees a cell's retired groups two cells later (``release_retired``), after it has
+waited for the kernel twice with the GIL released, long after gloo's threads dropped their work.
+
+The same wrapper keeps group names counting: torch resets its group counter when the default
+group is destroyed, so the next ``init_process_group`` in the process (a second init in a cell,
+the next cell in a pool) gets the same name, and gloo's rendezvous keys on the store ("0/rank_1")
+are those of the last group. A rank that reads a peer's address before the peer has rewritten it
+connects to the old group: "Gloo connectFullMesh failed ... Connection refused" (5 of 10
+launches of four init/all_reduce/destroy rounds in one cell, torch as it is; the same under
+torchrun, whose store outlives the groups), or a hang where the old group's listener is kept. With
+the count kept, each init's keys are its own (0 of 10).
 
 A second race of the same kind, at the other end: gloo's ``init_process_group`` returns on a
 rank as soon as *its* side of every connection is made, while a peer may still be completing
@@ -32,10 +45,9 @@ from __future__ import annotations
 
 import functools
 import sys
-import time
 
-PAUSE_S = 0.005
 _ORIGINAL = "__nbddp_original__"
+_RETIRED: list[list] = [[]]   # destroyed groups kept alive: the current cell's last
 
 
 def install() -> bool:
@@ -45,7 +57,7 @@ def install() -> bool:
     dist = sys.modules.get("torch.distributed")
     if c10d is None or dist is None:
         return False
-    wrappers = (("destroy_process_group", _wrap), ("init_process_group", lambda f: _wrap_init(f, c10d)))
+    wrappers = (("destroy_process_group", lambda f: _wrap(f, c10d)), ("init_process_group", lambda f: _wrap_init(f, c10d)))
     for name, wrap in wrappers:
         original = getattr(c10d, name, None)
         if original is not None and not hasattr(original, _ORIGINAL):
@@ -88,11 +100,41 @@ def _all_initialised(store, key: str, world: int, timeout) -> None:
     store.wait([key + "/all"], timeout or datetime.timedelta(minutes=30))
 
 
-def _wrap(original):
+def _wrap(original, c10d):
     @functools.wraps(original)
-    def destroy_process_group(*args, **kwargs):
-        time.sleep(PAUSE_S)  # releases the GIL: gloo's threads drop their finished work first
-        return original(*args, **kwargs)
+    def destroy_process_group(group=None, *args, **kwargs):
+        _RETIRED[-1].extend(_groups_destroyed(c10d, group))
+        count = _group_count(c10d)
+        try:
+            return original(group, *args, **kwargs)
+        finally:
+            if count is not None and _group_count(c10d) == 0:
+                c10d._world.group_count = count   # the next init's group gets a name of its own
 
     setattr(destroy_process_group, _ORIGINAL, original)
     return destroy_process_group
+
+
+def _groups_destroyed(c10d, group) -> list:
+    """The process groups ``destroy_process_group(group)`` unregisters: all, for the default."""
+    try:
+        world = c10d._world.pg_map
+        if group is None or group is c10d.GroupMember.WORLD:
+            return list(world)
+        return [group]
+    except Exception:  # noqa: BLE001 - another torch's internals: keep nothing, torch as it is
+        return []
+
+
+def _group_count(c10d):
+    try:
+        return c10d._world.group_count
+    except Exception:  # noqa: BLE001 - another torch's internals: names as torch gives them
+        return None
+
+
+def release_retired(keep: int = 2) -> None:
+    """A pool rank, before each cell: free the groups destroyed ``keep`` cells ago or earlier
+    (their worker threads have long dropped their work), keep the later ones."""
+    _RETIRED.append([])
+    del _RETIRED[:-keep]

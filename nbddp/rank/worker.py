@@ -251,6 +251,7 @@ def _serve(job: RankJob, ctl) -> int:
         if message[0] != msg.EXEC:  # msg.STOP
             return 0
         cell: Cell = message[1]
+        teardown.release_retired()  # groups earlier cells destroyed (nbddp/rank/teardown.py)
         main.__file__ = sys.argv[0] = cell.path  # this cell's script (nbddp/kernel/cellscript.py)
         status = msg.DONE_OK
         try:
