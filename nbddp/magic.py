@@ -141,10 +141,8 @@ def install_interrupt_line(shell) -> None:
     async def do_execute(code, *args, **kwargs):
         ours = isinstance(code, str) and code.lstrip().startswith("%%ddp")
         early = None
-        if not ours:
-            if supervisor.take_sigint_early():
-                early = _InterruptFirst(shell)
-            supervisor.restore_sigint_early()
+        if not ours and supervisor.restore_sigint_early():
+            early = _InterruptFirst(shell)
         try:
             reply = original_exec(code, *args, **kwargs)
             if inspect.isawaitable(reply):

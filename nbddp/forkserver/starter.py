@@ -178,9 +178,12 @@ def answer_limit() -> float:
     gives up after nbddp.forkserver.preload.PROBE_TIMEOUT_S), long, but never without a limit."""
     if _offering.is_set():
         return PROBE_TIMEOUT_S + FIRST_ANSWER_S
-    if _answered is None or _answered != forkserver._forkserver._forkserver_pid:
-        return FIRST_ANSWER_S
-    return FORK_ANSWER_S
+    return FIRST_ANSWER_S if _not_answered_yet() else FORK_ANSWER_S
+
+
+def _not_answered_yet() -> bool:
+    """The running forkserver has not forked a rank yet (it may still be importing torch)."""
+    return _answered is None or _answered != forkserver._forkserver._forkserver_pid
 
 
 def start_all(processes, limit: float | None = None) -> None:
@@ -191,7 +194,7 @@ def start_all(processes, limit: float | None = None) -> None:
     ``limit``, a forkserver that has not forked them all by then is killed (the blocked starts
     then fail at once) and ForkserverStuck is raised: a stuck forkserver never holds the
     kernel."""
-    if _answered is None or _answered != forkserver._forkserver._forkserver_pid:
+    if _not_answered_yet():
         show_status(FIRST_CELL_STATUS)  # a new forkserver may still be importing torch (seconds)
     try:
         _start_all(processes, limit)

@@ -355,14 +355,15 @@ def take_sigint_early() -> int:
     return count
 
 
-def restore_sigint_early() -> None:
-    """Python's handler again, where the counting one is installed; what was counted is dropped."""
-    _early["count"] = 0
+def restore_sigint_early() -> int:
+    """Python's handler again, where the counting one is installed; returns the interrupts
+    counted until then (one that comes after raises KeyboardInterrupt as usual: none is lost)."""
     try:
         if signal.getsignal(signal.SIGINT) is _count_early:
             signal.signal(signal.SIGINT, _early["previous"])
     except ValueError:
         pass
+    return take_sigint_early()
 
 
 @contextmanager
