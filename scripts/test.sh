@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install everything the tests need, then run the whole suite (about 15 minutes on 2 cores;
+# Install everything the tests need, then run the whole suite (about 15 minutes on 2 cores, three files at a time;
 # `pytest -m "not kernel"` alone runs the pure tests in seconds).
 # What it changes on the machine: .venv (torch, nbddp, the test extras, JupyterLab, playwright);
 # as root, Debian's chromium without its recommended packages (scripts/setup-browser.sh) and
@@ -20,9 +20,10 @@ fi
 bash scripts/setup-slurm.sh || echo "scripts/setup-slurm.sh failed: tests/test_slurm.py will fail" >&2
 mkdir -p artifacts
 status=0
-# Two test files at a time (pytest-xdist, a file stays on one worker, its kernel fixture shared as
-# before): most of a kernel test's time is waiting for ranks, timeouts and kernels, not CPU, so
-# two at once on 2 cores take about half the time. tests/conftest.py sends the longest files
-# first. `-n 0` (after these) runs them one at a time.
-.venv/bin/python -m pytest -n 2 --dist loadfile "$@" || status=$?
+# Three test files at a time (pytest-xdist, a file stays on one worker, its kernel fixture shared
+# as before): most of a kernel test's time is waiting for ranks, timeouts, pip and kernels, not
+# CPU, so on 2 cores three at once take 914 s where two took 1,093 s. tests/conftest.py sends
+# the longest files first; the 25 slowest tests are listed at the end. `-n 0` (after these) runs
+# them one at a time.
+.venv/bin/python -m pytest -n 3 --dist loadfile --durations=25 "$@" || status=$?
 exit "$status"
