@@ -4,6 +4,12 @@ checkout as a user would (`pip install nbddp` resolves against the pins, nothing
 that venv's kernel runs a `%%ddp` cell (the text view, saying why: the live view needs ipywidgets
 8), `--output widgets` (says it cannot, shows text), the pool, and a lesson under papermill.
 
+Kaggle's image is built on Colab's (Kaggle/docker-python's Dockerfile.tmpl: FROM the Colab base,
+then `uv pip install` of kaggle_requirements.txt), which keeps IPython and ipykernel and pins
+ipywidgets==8.1.5: so Kaggle's kernel is these pins with ipywidgets 8.1.5, checked here by laying
+ipywidgets 8.1.5 (and its widgetsnbextension, jupyterlab_widgets and comm) over the same venv:
+there the live view is drawn (ipywidgets 8's protocol over ipykernel 6.17's comms).
+
 All three pins install on this machine's Python 3.11 as published: no nearer version was needed.
 torch is the one this interpreter has (2.13.0, CPU build from this machine's wheel cache), pinned
 by a constraints file as scripts/setup-venv.sh does, so pip never fetches another build. The venv
@@ -26,6 +32,7 @@ from kernel import Kernel
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(1800)]  # the first run builds the venv
 
 COLAB_PINS = {"ipython": "7.34.0", "ipykernel": "6.17.1", "ipywidgets": "7.7.1"}
+KAGGLE_WIDGETS = ["ipywidgets==8.1.5", "widgetsnbextension~=4.0.12", "jupyterlab_widgets~=3.0.12", "comm>=0.1.3"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LESSON = "00_quickstart.ipynb"  # what a learner runs first; needs nothing beyond nbddp (no matplotlib)
 
@@ -124,3 +131,51 @@ def test_a_lesson_runs_in_the_pinned_kernel(colab_venv, tmp_path):
     executed = json.loads(out.read_text())
     texts = [o.get("text", "") for c in executed["cells"] for o in c.get("outputs", [])]
     assert any(re.search(r"\[rank\d\]:", "".join(t)) for t in texts)
+
+
+@pytest.fixture(scope="module")
+def kaggle_overlay(colab_venv):
+    """ipywidgets 8.1.5 and what it needs, in a folder put first on the Colab venv's path."""
+    overlay = os.path.join(colab_venv, "kaggle-widgets")
+    if not os.path.exists(os.path.join(overlay, "built")):
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        done = subprocess.run([os.path.join(colab_venv, "bin", "python"), "-m", "pip", "install", "-q",
+                               "--disable-pip-version-check", "--no-deps", "--target", overlay, *KAGGLE_WIDGETS],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        with open(os.path.join(overlay, "built"), "w") as f:
+            f.write("\n".join(KAGGLE_WIDGETS))
+    return overlay
+
+
+def test_kaggles_pins_get_the_live_view(colab_venv, kaggle_overlay, tmp_path):
+    env = {**os.environ, "PYTHONPATH": kaggle_overlay}
+    k = Kernel(cwd=str(tmp_path), env=env, python=os.path.join(colab_venv, "bin", "python"))
+    try:
+        out = k.ok("import IPython, ipykernel, ipywidgets\n"
+                   "print(IPython.__version__, ipykernel.__version__, ipywidgets.__version__)").stdout
+        assert out.split() == ["7.34.0", "6.17.1", "8.1.5"], out
+        k.ok("%load_ext nbddp")
+        msg_id = k.kc.execute("%%ddp -n 2 --output widgets --timeout 120\nimport os\n"
+                              "print('hello from', os.environ['RANK'], flush=True)")
+        models, values, said = set(), [], []
+        while True:
+            msg = k.kc.get_iopub_msg(timeout=300)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            content = msg["content"]
+            if msg["msg_type"] in ("comm_open", "comm_msg"):
+                state = content.get("data", {}).get("state", {})
+                models.add((state.get("_model_name"), state.get("_model_module_version")))
+                if isinstance(state.get("value"), str):
+                    values.append(state["value"])
+            elif msg["msg_type"] == "stream":
+                said.append(content["text"])
+            elif msg["msg_type"] == "status" and content["execution_state"] == "idle":
+                break
+        assert ("HTMLModel", "2.0.0") in models, models   # ipywidgets 8's protocol: the live view's panes
+        panes = "\n".join(values)
+        assert "hello from 0" in panes and "hello from 1" in panes, values[-10:]
+        assert not any("cannot show here" in text for text in said), said
+    finally:
+        k.shutdown()
