@@ -423,6 +423,12 @@ def test_panes_keep_scroll_and_selection_and_the_end_reads_in_dark_theme(dark_la
                 expect(status.locator(".nbddp-chip")).to_have_count(2)
                 status.scroll_into_view_if_needed()
                 expect(status).to_be_visible()
+                # the live view's output, its model gone with the kernel: one line says so instead
+                orphan = again.locator(".jp-NotebookPanel:visible .jp-OutputArea-output", has_text="model not found")
+                expect(orphan).to_have_count(1, timeout=60_000)
+                print("orphaned view:", orphan.evaluate("e => e.outerHTML")[:300])
+                before, size = orphan.evaluate("e => [getComputedStyle(e, '::before').content, getComputedStyle(e).fontSize]")
+                assert "the kernel that ran this cell is gone" in before and size == "0px", (before, size)
             finally:
                 again.screenshot(path=os.path.join(ARTIFACTS, f"browser-ddp-saved-running-{name}.png"))
                 again.close()

@@ -47,6 +47,19 @@ RATE_CHARS_PER_S = 1_000_000  # pane HTML sent to the front end per second, on a
 BURST_CHARS = 1_000_000       # what may go out at once after a quiet spell
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
+# A notebook saved while the cell ran, reopened once its kernel is gone: the live view's output
+# reads "Error displaying widget: model not found" (ipywidgets draws a view only from a live
+# model, or from widget state the front end saved, which JupyterLab does not by default). The
+# status above it is the last state shown; this rule (in that status, so only while it is the
+# cell's status) puts one line in place of the error (the output ipywidgets' renderer marks
+# .jupyter-widgets). A drawn view contains .nbddp-view and is untouched; the rule needs a trusted
+# notebook (one its user saved) and CSS :has().
+_ORPHAN = ".jp-OutputArea:has(.nbddp-status) .jp-OutputArea-output.jupyter-widgets:not(:has(.nbddp-view))"
+ORPHANED_VIEW_CSS = (
+    f'<style>{_ORPHAN}{{font-size:0;color:transparent}}{_ORPHAN}::before'
+    '{content:"nbddp: the live view could not be drawn here: the kernel that ran this cell is gone (the '
+    'status above is the last state it showed), or this front end cannot render ipywidgets 8";'
+    'font-size:var(--jp-content-font-size1,13px);color:var(--jp-ui-font-color2,#616161)}</style>')
 SLOTS = 16               # HTML blocks holding a pane's lines, reused oldest first
 
 
@@ -382,7 +395,7 @@ class WidgetView(Sink):
                               f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>{banner}'
                               f'<div style="display:flex;flex-wrap:wrap">'
                               f'{transcript.chips_html(result, progress=progress, hung=hung)}</div>'
-                              f'{self.info}</div>')}
+                              f'{self.info}{ORPHANED_VIEW_CSS}</div>')}
 
     def _push_pane(self, pane: _Pane, now: float) -> int:
         key = next(k for k, p in self.panes.items() if p is pane)
