@@ -431,6 +431,35 @@ def test_a_stuck_forkserver_is_replaced_and_the_cell_runs(tmp_path):
         k.shutdown()
 
 
+def test_a_forkserver_that_ends_while_the_cells_ranks_start_is_replaced_and_the_cell_runs(tmp_path):
+    """The forkserver ends while the cell's fork request waits on it (the OOM killer, or a kill
+    that lands as a cell starts; here: stopped, the cell sent, then killed): multiprocess's
+    request fails "EOFError: unexpected EOF", a traceback from deep inside before. A new
+    forkserver is started, said in one line, and the cell runs. Spares are off, so it must fork."""
+    k = Kernel(cwd=str(tmp_path), env={**os.environ, "NBDDP_SPARES": "0"})
+    try:
+        k.ok("%load_ext nbddp")
+        k.ok("%%ddp -n 2\npass", timeout=300)
+        server = int(k.ok("from multiprocess import forkserver as _fs; "
+                          "print(_fs._forkserver._forkserver_pid)").stdout.split()[-1])
+        os.kill(server, signal.SIGSTOP)
+        try:
+            msg_id = k.kc.execute("%%ddp -n 2 --timeout 60 --output text\nprint('cell-ran')")
+            time.sleep(2)   # the request is written and waits for the stopped forkserver's answer
+        finally:
+            os.kill(server, signal.SIGKILL)
+        reply = k.collect(msg_id, timeout=150)
+        assert reply.status == "ok", reply.text
+        assert reply.stdout.count("cell-ran") == 2, reply.text
+        assert f"the forkserver (pid {server}) ended while this cell's ranks were being started" in reply.text, reply.text
+        assert "EOFError" not in reply.text and "Traceback" not in reply.text, reply.text
+        again = k.execute("%%ddp -n 2 --timeout 30 --output text\nprint('ran-again')", timeout=60)
+        assert again.status == "ok" and again.stdout.count("ran-again") == 2, again.text
+        assert "forkserver" not in again.text, again.text
+    finally:
+        k.shutdown()
+
+
 def test_a_rank_stuck_in_its_exit_after_its_cell_is_ended_with_its_own_result(kernel):
     """The cell ran to its end on every rank, but rank 1's process does not exit (an atexit
     handler that never returns, as torch's teardown can): at the idle warning nbddp says so in

@@ -157,6 +157,31 @@ class ForkserverStuck(RuntimeError):
         super().__init__(f"the forkserver (pid {pid}) did not answer in {waited:.0f} s")
         self.pid, self.waited = pid, waited
 
+    @property
+    def line(self) -> str:
+        return (f"the forkserver (pid {self.pid}) did not answer in {self.waited:.0f} s, so nbddp ended it "
+                "and started a new one: this cell waits for torch to be imported again")
+
+
+class ForkserverEnded(ForkserverStuck):
+    """The forkserver ended (killed: the OOM killer, a user's kill) while ranks were being
+    started: multiprocess's fork request fails with "EOFError: unexpected EOF" or a refused
+    connection. Started again like a stuck one."""
+
+    def __init__(self, pid: int):
+        RuntimeError.__init__(self, f"the forkserver (pid {pid}) ended while ranks were being started")
+        self.pid, self.waited = pid, 0.0
+
+    @property
+    def line(self) -> str:
+        return (f"the forkserver (pid {self.pid}) ended while this cell's ranks were being started, so "
+                "nbddp started a new one: this cell waits for torch to be imported again")
+
+
+# how a fork request fails when the forkserver ends under it
+_LOST = (EOFError, ConnectionError, FileNotFoundError)
+ENDING_S = 10.0   # a killed forkserver holding torch may take seconds to exit on a busy machine
+
 
 _answered: int | None = None  # the forkserver that has forked for this kernel (so it is warm)
 _offering = threading.Event()  # set while an offer may keep the forkserver busy (nbddp/forkserver/preload.py)
@@ -204,10 +229,20 @@ def start_all(processes, limit: float | None = None) -> None:
 
 def _start_all(processes, limit):
     global _answered
+    pid = forkserver._forkserver._forkserver_pid
+    try:
+        _start_each(processes, limit)
+    except _LOST as exc:
+        if pid and _ended(pid, ENDING_S):
+            raise ForkserverEnded(pid) from exc
+        raise
+    _answered = forkserver._forkserver._forkserver_pid
+
+
+def _start_each(processes, limit):
     if len(processes) <= 1 and limit is None:
         for process in processes:
             start(process)
-        _answered = forkserver._forkserver._forkserver_pid
         return
     errors: list[BaseException] = []
 
@@ -241,7 +276,6 @@ def _start_all(processes, limit):
         raise interrupted
     if errors:
         raise errors[0]
-    _answered = forkserver._forkserver._forkserver_pid
 
 
 def _kill_forkserver() -> int | None:
@@ -253,15 +287,24 @@ def _kill_forkserver() -> int | None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             return pid
-        deadline = time.monotonic() + 5.0  # dead (not reaped: multiprocess reaps it) before
-        while time.monotonic() < deadline:  # ensure_running() looks, or it reuses the old one
-            try:
-                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                    break
-            except ChildProcessError:
-                break
-            time.sleep(0.01)
+        _ended(pid, 5.0)
     return pid
+
+
+def _ended(pid: int, limit: float) -> bool:
+    """Wait up to ``limit`` s for the forkserver ``pid`` to have exited; True once it has. Not
+    reaped: multiprocess's ensure_running() reaps it and starts a new one (it would reuse one
+    that is still exiting)."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
 
 
 _torch_ready = threading.Event()

@@ -112,8 +112,8 @@ class RankProcs:
     @staticmethod
     def _start_fresh(fresh: list, ctx, start_method: str, duplex: bool) -> str | None:
         """Fork ``fresh`` [(rank, plumbing, job)]; a forkserver that does not answer in time is
-        ended, and the ranks start on a new one (``fresh`` then holds their new plumbing).
-        Returns the line to show when that happened."""
+        ended, and the ranks start on a new one, as they do when it ends under them (``fresh``
+        then holds their new plumbing). Returns the line to show when that happened."""
         limit = starter.answer_limit() if start_method == "forkserver" else None
         try:
             starter.start_all([plumbing.process for _, plumbing, _ in fresh], limit=limit)
@@ -128,8 +128,7 @@ class RankProcs:
             starter.ensure_forkserver()
             starter.start_all([plumbing.process for _, plumbing, _ in fresh if not plumbing.started],
                               limit=starter.FIRST_ANSWER_S)
-            return (f"the forkserver (pid {stuck.pid}) did not answer in {stuck.waited:.0f} s, so nbddp "
-                    "ended it and started a new one: this cell waits for torch to be imported again")
+            return stuck.line
 
     def _watch(self, rank: Rank, plumbing) -> None:
         res = rank.result
