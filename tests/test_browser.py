@@ -440,3 +440,46 @@ def _has_notebook7(base, token) -> bool:
         return True
     except Exception:
         return False
+
+
+NB7_STREAM = """%%ddp -n 2
+import os, time
+for i in range(60):
+    print(f"line {i} of rank {os.environ['RANK']}", flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_a_ddp_cell_streams_into_notebook_7s_live_view_and_ends_in_a_transcript(tmp_path):
+    """Notebook 7 (its own page, JupyterLab's components): the live view's panes fill while the
+    ranks print, the rank tabs switch panes, and the cell ends in the transcript."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with jupyterlab(tmp_path, ["%load_ext nbddp", NB7_STREAM]) as (base, token, _):
+        assert _has_notebook7(base, token), "Notebook 7 is part of the test extras"
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            try:
+                page.goto(f"{base}/notebooks/ddp.ipynb?token={token}", timeout=90_000)
+                page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+                expect(page.locator(".jp-NotebookKernelStatus, .jp-Toolbar-kernelStatus").first
+                       ).to_be_attached(timeout=90_000)
+                run_all(page)
+                out = page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea")
+                view = out.locator(".nbddp-view")
+                expect(view.locator(".nbddp-pane:visible")).to_contain_text("line 10 of rank", timeout=120_000)
+                assert out.locator(".nbddp-transcript").count() == 0   # still live
+                view.locator(".lm-TabBar-tab", has_text="rank 1").click()
+                expect(view.locator(".nbddp-pane:visible")).to_contain_text("of rank 1", timeout=30_000)
+                page.screenshot(path=os.path.join(ARTIFACTS, "browser-notebook7-live.png"))
+                done = out.locator(".nbddp-transcript")
+                expect(done).to_contain_text("all ok", timeout=120_000)
+                expect(done).to_contain_text("line 59 of rank 0")
+                page.screenshot(path=os.path.join(ARTIFACTS, "browser-notebook7-done.png"))
+            except BaseException:
+                page.screenshot(path=os.path.join(ARTIFACTS, "browser-notebook7-failure.png"))
+                raise
+            finally:
+                browser.close()
