@@ -402,16 +402,26 @@ print("PID", p.pid, flush=True)
                 pass
 
 
-def test_a_stuck_forkserver_is_replaced_and_the_cell_runs(tmp_path):
-    """A forkserver that stops answering (SIGSTOP here; a deadlock in the field) must not hold
-    the kernel: the fork request gives up after starter.FORK_ANSWER_S, the forkserver is ended
-    and replaced, said in one line, and the cell runs. Spares are off, so the cell must fork."""
+def _forking_kernel(tmp_path) -> tuple[Kernel, int]:
+    """A kernel with spares off (each cell must fork), its forkserver started; and its pid."""
     k = Kernel(cwd=str(tmp_path), env={**os.environ, "NBDDP_SPARES": "0"})
     try:
         k.ok("%load_ext nbddp")
         k.ok("%%ddp -n 2\npass", timeout=300)
-        stuck = int(k.ok("from multiprocess import forkserver as _fs; "
-                         "print(_fs._forkserver._forkserver_pid)").stdout.split()[-1])
+        pid = int(k.ok("from multiprocess import forkserver as _fs; "
+                       "print(_fs._forkserver._forkserver_pid)").stdout.split()[-1])
+    except BaseException:
+        k.shutdown()
+        raise
+    return k, pid
+
+
+def test_a_stuck_forkserver_is_replaced_and_the_cell_runs(tmp_path):
+    """A forkserver that stops answering (SIGSTOP here; a deadlock in the field) must not hold
+    the kernel: the fork request gives up after starter.FORK_ANSWER_S, the forkserver is ended
+    and replaced, said in one line, and the cell runs. Spares are off, so the cell must fork."""
+    k, stuck = _forking_kernel(tmp_path)
+    try:
         os.kill(stuck, signal.SIGSTOP)
         try:
             reply = k.execute("%%ddp -n 2 --timeout 60 --output text\nprint('cell-ran')", timeout=150)
@@ -436,12 +446,8 @@ def test_a_forkserver_that_ends_while_the_cells_ranks_start_is_replaced_and_the_
     that lands as a cell starts; here: stopped, the cell sent, then killed): multiprocess's
     request fails "EOFError: unexpected EOF", a traceback from deep inside before. A new
     forkserver is started, said in one line, and the cell runs. Spares are off, so it must fork."""
-    k = Kernel(cwd=str(tmp_path), env={**os.environ, "NBDDP_SPARES": "0"})
+    k, server = _forking_kernel(tmp_path)
     try:
-        k.ok("%load_ext nbddp")
-        k.ok("%%ddp -n 2\npass", timeout=300)
-        server = int(k.ok("from multiprocess import forkserver as _fs; "
-                          "print(_fs._forkserver._forkserver_pid)").stdout.split()[-1])
         os.kill(server, signal.SIGSTOP)
         try:
             msg_id = k.kc.execute("%%ddp -n 2 --timeout 60 --output text\nprint('cell-ran')")
