@@ -14,7 +14,8 @@ All three pins install on this machine's Python 3.11 as published: no nearer ver
 torch is the one this interpreter has (2.13.0, CPU build from this machine's wheel cache), pinned
 by a constraints file as scripts/setup-venv.sh does, so pip never fetches another build. The venv
 is kept in pytest's cache, keyed by the pins and nbddp's requirements: the first run builds it
-(a minute or two), later runs reuse it.
+(a minute or two; without byte-compiling torch, as tests/test_wheel.py: only what an import
+touches is compiled), later runs reuse it.
 """
 import hashlib
 import json
@@ -54,7 +55,7 @@ def _key() -> str:
 def _pip(venv, *args, constraints):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    done = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q",
+    done = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q", "--no-compile",
                            "-c", constraints, *args], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -139,7 +140,7 @@ def kaggle_overlay(colab_venv):
     overlay = os.path.join(colab_venv, "kaggle-widgets")
     if not os.path.exists(os.path.join(overlay, "built")):
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        done = subprocess.run([os.path.join(colab_venv, "bin", "python"), "-m", "pip", "install", "-q",
+        done = subprocess.run([os.path.join(colab_venv, "bin", "python"), "-m", "pip", "install", "-q", "--no-compile",
                                "--disable-pip-version-check", "--no-deps", "--target", overlay, *KAGGLE_WIDGETS],
                               env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
