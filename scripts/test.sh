@@ -22,7 +22,7 @@ mkdir -p artifacts
 status=0
 # Three test files at a time (pytest-xdist, a file stays on one worker, its kernel fixture shared
 # as before): most of a kernel test's time is waiting for ranks, timeouts, pip and kernels, not
-# CPU, so on 2 cores three at once take 777-988 s where two took 1,093 s. tests/conftest.py sends
+# CPU, so on 2 cores three at once take 750-988 s where two took 1,093 s. tests/conftest.py sends
 # the longest files first; the 25 slowest tests are listed at the end. `-n 0` (after these) runs
 # them one at a time.
 .venv/bin/python -m pytest -n 3 --dist loadfile --durations=25 "$@" || status=$?
