@@ -153,14 +153,20 @@ FIRST_ANSWER_S = 300.0  # a new one first imports torch and the preload list (se
 class ForkserverStuck(RuntimeError):
     """The forkserver did not fork within the limit; it was killed (``pid``)."""
 
-    def __init__(self, pid: int | None, waited: float):
-        super().__init__(f"the forkserver (pid {pid}) did not answer in {waited:.0f} s")
+    _done = "ended it and started a new one"   # what nbddp did, in ``line``
+
+    def __init__(self, pid: int | None, waited: float = 0.0):
+        super().__init__(self._what(pid, waited))
         self.pid, self.waited = pid, waited
+
+    @staticmethod
+    def _what(pid, waited) -> str:
+        return f"the forkserver (pid {pid}) did not answer in {waited:.0f} s"
 
     @property
     def line(self) -> str:
-        return (f"the forkserver (pid {self.pid}) did not answer in {self.waited:.0f} s, so nbddp ended it "
-                "and started a new one: this cell waits for torch to be imported again")
+        """What the cell says: the ranks started on a new forkserver."""
+        return f"{self}, so nbddp {self._done}: this cell waits for torch to be imported again"
 
 
 class ForkserverEnded(ForkserverStuck):
@@ -168,14 +174,11 @@ class ForkserverEnded(ForkserverStuck):
     started: multiprocess's fork request fails with "EOFError: unexpected EOF" or a refused
     connection. Started again like a stuck one."""
 
-    def __init__(self, pid: int):
-        RuntimeError.__init__(self, f"the forkserver (pid {pid}) ended while ranks were being started")
-        self.pid, self.waited = pid, 0.0
+    _done = "started a new one"
 
-    @property
-    def line(self) -> str:
-        return (f"the forkserver (pid {self.pid}) ended while this cell's ranks were being started, so "
-                "nbddp started a new one: this cell waits for torch to be imported again")
+    @staticmethod
+    def _what(pid, waited) -> str:
+        return f"the forkserver (pid {pid}) ended while this cell's ranks were being started"
 
 
 # how a fork request fails when the forkserver ends under it
