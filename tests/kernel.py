@@ -21,6 +21,7 @@ class Reply:
     error: dict | None = None
     outputs: list = field(default_factory=list)
     prompts: list = field(default_factory=list)  # the input requests' prompts, in order
+    states: list = field(default_factory=list)  # widget states the cell sent (comm_open, comm_msg)
     status: str = ""
     elapsed: float = 0.0
 
@@ -101,6 +102,8 @@ class Kernel:
                 reply.error = content
             elif kind in ("display_data", "execute_result", "update_display_data"):
                 reply.outputs.append(content)
+            elif kind in ("comm_open", "comm_msg"):
+                reply.states.append(content.get("data", {}).get("state", {}))
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         reply.elapsed = time.monotonic() - start

@@ -87,18 +87,8 @@ def test_apart_shows_every_ranks_line(default_kernel):
 
 
 def test_the_widget_views_all_ranks_pane_says_it_once(default_kernel):
-    msg_id = default_kernel.kc.execute(CELL.replace("{options}", "--output widgets"))
-    values = []
-    while True:
-        msg = default_kernel.kc.get_iopub_msg(timeout=180)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] in ("comm_open", "comm_msg"):
-            state = msg["content"].get("data", {}).get("state", {})
-            if isinstance(state.get("value"), str):
-                values.append(state["value"])
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
+    reply = default_kernel.ok(CELL.replace("{options}", "--output widgets"), timeout=180)
+    values = [v for state in reply.states if isinstance(v := state.get("value"), str)]
     # the all-ranks pane: its blocks' latest values, the ones whose lines carry a rank prefix
     blocks = [v for v in values if "[rank" in v]
     pane = re.sub(r"<[^>]+>", "", max(blocks, key=len)) if blocks else ""
