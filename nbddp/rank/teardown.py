@@ -57,7 +57,7 @@ def install() -> bool:
     dist = sys.modules.get("torch.distributed")
     if c10d is None or dist is None:
         return False
-    wrappers = (("destroy_process_group", lambda f: _wrap(f, c10d)), ("init_process_group", lambda f: _wrap_init(f, c10d)))
+    wrappers = (("destroy_process_group", lambda f: _wrap_destroy(f, c10d)), ("init_process_group", lambda f: _wrap_init(f, c10d)))
     for name, wrap in wrappers:
         original = getattr(c10d, name, None)
         if original is not None and not hasattr(original, _ORIGINAL):
@@ -100,7 +100,7 @@ def _all_initialised(store, key: str, world: int, timeout) -> None:
     store.wait([key + "/all"], timeout or datetime.timedelta(minutes=30))
 
 
-def _wrap(original, c10d):
+def _wrap_destroy(original, c10d):
     @functools.wraps(original)
     def destroy_process_group(group=None, *args, **kwargs):
         _RETIRED[-1].extend(_groups_destroyed(c10d, group))
