@@ -157,6 +157,29 @@ else:
     assert_recovered(kernel, rank_pids(kernel))
 
 
+def test_a_rank_whose_peer_nbddp_ended_first_is_timed_out_not_failed(kernel):
+    """nbddp's signals reach the ranks one after another; a rank that sees its peer's socket
+    close (gloo raises "Connection closed by peer") before its own signal lands was stopped by
+    the timeout, not failed by itself. Rank 1 ignores SIGTERM to make it see that every time
+    (lesson 06 saw it once in a loaded CI run: rank 1 "failed", the lesson's check with it)."""
+    reply = kernel.execute("""%%ddp -n 2 --timeout 4
+import signal, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dist.barrier()
+else:
+    dist.all_reduce(torch.ones(1))
+""", timeout=90)
+    text = report(reply)
+    assert reply.error["ename"] == "DDPTimeout"
+    assert "Connection closed by peer" in reply.stderr, "rank 1 saw its peer end (its own traceback, shown)"
+    kernel.ok("assert [r.state for r in _ddp.ranks] == ['timed out', 'timed out'], _ddp.ranks\n"
+              "assert _ddp.ranks[1].exitcode == 1")
+    assert "rank 1: timed out" in text and "hint (rank 1)" not in text, "no 'another rank ended' hint: nbddp ended it"
+    assert_recovered(kernel, rank_pids(kernel))
+
+
 def test_infinite_loop_without_collectives_times_out(kernel):
     reply = kernel.execute("""%%ddp -n 2 --timeout 3
 x = 0

@@ -124,6 +124,24 @@ def test_settle(code, stop, sent, state, cause):
     assert (res.state, res.cause) == (state, cause)
 
 
+PEER_GONE = {"type": "RuntimeError", "message": "[pair.cc:553] Connection closed by peer [127.0.0.1]:3487"}
+
+
+@pytest.mark.parametrize("exception, stop, state", [
+    (PEER_GONE, ("timeout", "after the 5 s timeout"), RankState.TIMED_OUT),   # its peer's signal came first
+    (PEER_GONE, ("interrupt", "after the interrupt"), RankState.INTERRUPTED),
+    (PEER_GONE, None, RankState.FAILED),                                       # before nbddp stopped anything
+    ({"type": "ValueError", "message": "bad"}, ("timeout", "after the 5 s timeout"), RankState.FAILED),
+])
+def test_a_rank_whose_peer_nbddp_stopped_is_stopped_too(exception, stop, state):
+    res = rank(1, RankState.RUNNING, exitcode=1, exception=exception)
+    exitstates.settle(res, stop, {signal.SIGTERM} if stop else set())
+    assert res.state == state
+    diagnosis.add_hints(RunResult(world_size=2, log_dir="", ranks=[res]))
+    assert (res.hint is not None) is (exception is PEER_GONE and state == RankState.FAILED), \
+        "the 'another rank ended' hint only where the rank failed by itself"
+
+
 def test_torchruns_own_failfast_is_not_the_ranks_failure():
     res = rank(0, RankState.RUNNING, exitcode=-15)
     exitstates.settle_torchrun(res, None, set(), others_failed=True)

@@ -19,12 +19,21 @@ def ended_by_nbddp(code: int | None, exception: dict | None, sent) -> bool:
     return signal.SIGINT in sent and (code == 130 or (exception or {}).get("type") == "KeyboardInterrupt")
 
 
+def lost_peer(exception: dict | None) -> bool:
+    """Did the rank fail because a rank it waited for in a collective ended under it? Once nbddp
+    is stopping a launch, that is nbddp's doing, not a failure of the rank's own: signals reach
+    the ranks one after another, and a rank can see its peer's socket close (and raise) before
+    its own signal arrives (lesson 06's timeout, rank 1 "failed" in a loaded CI run)."""
+    return bool(exception) and bool(diagnosis.PEER_LOST.search(exception.get("message", "")))
+
+
 def settle(res, stop, sent) -> None:
     """``res.state`` and ``res.cause`` from its exit code and exception, as torchrun reports
     them: a rank that exited by itself keeps its own code and message; "stopped by nbddp" is
-    only for ranks a signal from nbddp ended (``stop`` = (reason, why) once it was signalled)."""
+    only for ranks a signal from nbddp ended (``stop`` = (reason, why) once it was signalled),
+    or the loss of a peer that nbddp's signal ended."""
     code = res.exitcode
-    if stop is not None and ended_by_nbddp(code, res.exception, sent):
+    if stop is not None and (ended_by_nbddp(code, res.exception, sent) or lost_peer(res.exception)):
         stopped_state(res, stop)
     elif code == 0:
         res.state, res.cause = RankState.OK, ""

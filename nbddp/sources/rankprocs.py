@@ -286,7 +286,10 @@ class RankProcs:
     # --------------------------------------------------------------- signals
     def signal(self, ranks, sig: int, reason: str, why: str) -> None:
         """``sig`` to each rank's process group; a rank that has not started its user code yet
-        has nothing to be asked politely: it gets SIGKILL."""
+        has nothing to be asked politely: it gets SIGKILL. Every rank is marked stopped before
+        the first signal goes, and the signals go back to back: a rank whose peer ended under it
+        raises within milliseconds, and that is nbddp's stop, not a failure of its own."""
+        chosen = []
         for rank in ranks:
             if not rank.alive:
                 continue
@@ -300,6 +303,8 @@ class RankProcs:
                     pass
             actual = sig if rank.started else signal.SIGKILL
             rank.sent.add(actual)
+            chosen.append((rank, actual))
+        for rank, actual in chosen:
             self._kill(rank, actual)
 
     def kill_rank(self, rank: Rank) -> None:
