@@ -145,8 +145,9 @@ print("exit code", alone.returncode, "|", alone.stderr.strip().splitlines()[-1][
 # First, what torch itself does: the cell under real torchrun (`--launcher torchrun`), stopped by `--timeout`.
 
 # %% tutorial-s-own-setup-ddp
-with socket.socket() as s:                    # the tutorial's 12355 may be taken on a shared machine
-    s.bind(("127.0.0.1", 0)); tutorial_port = s.getsockname()[1]
+reserved = socket.socket()                     # the tutorial's 12355 may be taken on a shared machine;
+reserved.bind(("127.0.0.1", 0)); tutorial_port = reserved.getsockname()[1]   # held (not listening) so
+                                               # torchrun's own store cannot be handed the same number
 tutorial = f'''
 import os, torch, torch.distributed as dist
 
@@ -165,6 +166,8 @@ try:
     raise AssertionError("expected torchrun's ranks to hang")
 except nbddp.DDPTimeout as exc:
     under_torchrun = exc.result
+finally:
+    reserved.close()                           # free for the next cell's own rendezvous
 for r in under_torchrun.ranks:
     print(f"under torchrun, rank {r.rank}: {r.state}; blocked at {r.blocked_at}")
 
