@@ -25,5 +25,5 @@ status=0
 # CPU, so on 2 cores three at once take 750-988 s where two took 1,093 s. tests/conftest.py sends
 # the longest files first; the 25 slowest tests are listed at the end. `-n 0` (after these) runs
 # them one at a time.
-.venv/bin/python -m pytest -n 3 --dist loadfile --durations=25 "$@" || status=$?
+.venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@" || status=$?
 exit "$status"

@@ -37,13 +37,16 @@ def fresh_kernel(tmp_path):
     k.shutdown()
 
 
-# Seconds each of the longest files took alone (2 cores, 2026-12-04). scripts/test.sh runs two
-# files at a time, handing them out in collection order: longest first, so no long file starts
-# last and leaves one worker idle while it ends.
-LONGEST = {"test_notebooks.py": 143, "test_readme.py": 105, "test_elastic.py": 87, "test_faults.py": 80,
-           "test_pool.py": 73, "test_kernel_death.py": 70, "test_slurm.py": 70, "test_descriptors.py": 67,
-           "test_wheel.py": 66, "test_interrupts.py": 65, "test_browser.py": 55, "test_training_soak.py": 45,
-           "test_preload.py": 32, "test_private_net.py": 30, "test_diagnosis.py": 29, "test_class_load.py": 28}
+# Seconds each of the longest files took in a whole-suite run (2 cores, 2026-12-05, several files at
+# a time). scripts/test.sh hands files out in collection order (--no-loadscope-reorder: xdist would
+# otherwise order them by their number of tests): longest first, so no long file starts last and
+# leaves the other workers idle while it ends.
+LONGEST = {"test_notebooks.py": 351, "test_browser.py": 275, "test_readme.py": 212, "test_faults.py": 139,
+           "test_elastic.py": 123, "test_wheel.py": 114, "test_pool.py": 109, "test_training_soak.py": 99,
+           "test_kernel_death.py": 95, "test_interrupts.py": 94, "test_slurm.py": 91, "test_descriptors.py": 90,
+           "test_private_net.py": 48, "test_preload.py": 46, "test_export.py": 42, "test_cell_script.py": 38,
+           "test_class_load.py": 37, "test_diagnosis.py": 36,
+           "test_colab_pins.py": 110}  # its venv is built on a fresh clone (cached after)
 
 
 def pytest_collection_modifyitems(items):
