@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import time
 
 from multiprocess.connection import Connection
 
@@ -31,7 +32,7 @@ _lock = threading.Lock()
 _stock: list["Plumbing"] = []
 _worker: threading.Thread | None = None  # the refill running now, if any
 _forking = threading.Event()  # set while that refill forks (after offering the notebook's modules)
-FORKING_WAIT_S = 5.0  # a next cell waits this long at most for the spares being forked
+_progress = {"at": 0.0}  # when that refill last got on (began forking, forked, heard a spare ready)
 
 
 def limit() -> int:
@@ -96,12 +97,17 @@ def usable(spec, pool_mode: bool) -> bool:
 
 def take(n: int) -> list[Plumbing]:
     """Up to ``n`` ready spares (dead ones are dropped). A refill that is forking now is
-    making these very processes: waiting for it (bounded) costs no more than forking a second
-    set beside it, which would double the kernel's descriptors (12 a process while it starts:
-    ~200 at once for two ``-n 8`` sets) and compete for the same cores."""
+    making these very processes: waiting for it costs no more than forking a second set beside
+    it, which would double the kernel's descriptors (12 a process while it starts: ~200 at once
+    for two ``-n 8`` sets) and compete for the same cores. So the cell waits as long as the
+    refill gets on, and gives up only where a fork request would be called stuck (a fixed 5 s
+    was too short on a loaded machine: the cell forked beside it, and 300 ``-n 8`` cells under
+    a 256-descriptor limit hit "Too many open files" at cell 222 in a CI run)."""
     thread = _worker
-    if thread is not None and _forking.is_set():
-        thread.join(FORKING_WAIT_S)
+    while thread is not None and thread.is_alive() and _forking.is_set():
+        thread.join(0.05)
+        if time.monotonic() - _progress["at"] > starter.answer_limit():
+            break
     got = []
     with _lock:
         while _stock and len(got) < n:
@@ -135,6 +141,7 @@ def refill(n: int) -> None:
                 missing = want - len(_stock)
             if missing <= 0:
                 return
+            _progress["at"] = time.monotonic()
             _forking.set()
             made = [Plumbing(ctx, duplex=True, spare=True) for _ in range(missing)]
             try:
@@ -142,8 +149,10 @@ def refill(n: int) -> None:
             finally:
                 for p in made:
                     p.close_child_ends()
+            _progress["at"] = time.monotonic()
             for p in made:
                 ready = p.started and _said_ready(p)
+                _progress["at"] = time.monotonic()
                 with _lock:
                     if ready:
                         _stock.append(p)
