@@ -84,3 +84,39 @@ def test_nbddp_spares_0_keeps_none(kernel):
         assert spare_pids(kernel) == []
     finally:
         kernel.ok("%env NBDDP_SPARES=8")
+
+
+SLOW_REFILL = """import threading, time
+from nbddp.forkserver import spares, starter
+spares.clear()
+forked, start_all = [], starter.start_all
+def slow_refill(processes, **kw):           # a loaded machine: the refill's forks take 7 s
+    slow = threading.current_thread().name == "nbddp-spares" and not forked
+    if slow:
+        time.sleep(7)
+    start_all(processes, **kw)
+    if slow:
+        forked.extend(p.pid for p in processes)
+starter.start_all = slow_refill
+try:
+    spares.refill(2)
+    deadline = time.monotonic() + 10
+    while not spares._forking.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    get_ipython().run_cell_magic("ddp", "-n 2 --output text --timeout 60", "pass")
+finally:
+    starter.start_all = start_all
+print(json.dumps([sorted(forked), sorted(r.pid for r in _ddp.ranks)]))
+"""
+
+
+def test_a_cell_waits_for_a_slow_refill_instead_of_forking_beside_it(fresh_kernel):
+    """A refill still forking when the next cell comes is making that cell's ranks: the cell
+    takes them once they are ready, however slow the machine, instead of forking a second set
+    beside them (twice the kernel's descriptors at once: 300 `-n 8` cells under a
+    256-descriptor limit hit "Too many open files" in a CI run, where a fixed 5 s wait ran out)."""
+    fresh_kernel.ok("%env NBDDP_PRELOAD=0")  # no module offer before the refill forks
+    fresh_kernel.ok("%%ddp -n 2\npass")
+    reply = fresh_kernel.ok("import json\n" + SLOW_REFILL, timeout=120)
+    forked, ranks = json.loads(reply.stdout.strip().splitlines()[-1])
+    assert len(forked) == 2 and forked == ranks, f"the cell forked its own ranks beside the refill: {reply.text}"
