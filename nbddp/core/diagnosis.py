@@ -193,6 +193,10 @@ def where_ranks_are(result, only=None) -> str:
 # ------------------------------------------------------------------- hints
 # A collective whose peer process ended under it (gloo's words, and the socket's).
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|connection reset|Broken pipe", re.I)
+PEER_LOST_HINT = ("another rank ended (crashed, exited or simply finished) while this one waited in a "
+                  "collective with it: every rank must make the same collective calls, in the same order and "
+                  "with the same shapes (--env TORCH_DISTRIBUTED_DEBUG=DETAIL checks that); if a rank failed, "
+                  "its error comes first.")
 
 HINTS: list[tuple[re.Pattern, str]] = [
     (re.compile(r"environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected", re.I),
@@ -253,11 +257,7 @@ HINTS: list[tuple[re.Pattern, str]] = [
      "this machine has no GPU, so .cuda() / .to(local_rank) / device='cuda' cannot run: use "
      "`device = torch.device('cuda', local_rank) if torch.cuda.is_available() else "
      "torch.device('cpu')` and .to(device), with the gloo backend."),
-    (PEER_LOST,
-     "another rank ended (crashed, exited or simply finished) while this one waited in a "
-     "collective with it: every rank must make the same collective calls, in the same order and "
-     "with the same shapes (--env TORCH_DISTRIBUTED_DEBUG=DETAIL checks that); if a rank failed, "
-     "its error comes first."),
+    (PEER_LOST, PEER_LOST_HINT),
     (re.compile(r"ranks have no stdin|EOF when reading a line"),
      "a rank has no stdin (the notebook cannot answer input() in four processes): define the "
      "value in the notebook and pass it with --push NAME, or read it from a file."),
@@ -285,7 +285,6 @@ PRIVATE_NET_HINT = ("this kernel's ranks run in a private network (NBDDP_PRIVATE
                     "before %load_ext nbddp (other users of the server can then reach the store).")
 
 
-_PEER_HINT = next(hint for pattern, hint in HINTS if pattern is PEER_LOST)
 _STOPPED = (RankState.TIMED_OUT, RankState.INTERRUPTED, RankState.TERMINATED)
 
 
@@ -308,7 +307,7 @@ def add_hints(result, private_net: bool = False) -> None:
                 rank.cause += f": {said}"
         text = (rank.exception or {}).get("message", "") + "\n" + stderr[-65536:]
         hint = (PRIVATE_NET_HINT if private_net and _NO_NETWORK.search(text) else None) or hint_for(text)
-        if rank.state in _STOPPED and hint == _PEER_HINT:  # its peer's end was nbddp's stop, said already
+        if rank.state in _STOPPED and hint == PEER_LOST_HINT:  # its peer's end was nbddp's stop, said already
             continue
         rank.hint = hint
 
