@@ -27,13 +27,19 @@ def lost_peer(exception: dict | None) -> bool:
     return bool(exception) and bool(diagnosis.PEER_LOST.search(exception.get("message", "")))
 
 
+def ended_by_the_stop(stop, by_signal: bool, exception: dict | None) -> bool:
+    """Once nbddp is stopping a launch (``stop``): a rank that one of its signals ended
+    (``by_signal``) or that lost a peer those signals ended was stopped, not failed."""
+    return stop is not None and (by_signal or lost_peer(exception))
+
+
 def settle(res, stop, sent) -> None:
     """``res.state`` and ``res.cause`` from its exit code and exception, as torchrun reports
     them: a rank that exited by itself keeps its own code and message; "stopped by nbddp" is
     only for ranks a signal from nbddp ended (``stop`` = (reason, why) once it was signalled),
     or the loss of a peer that nbddp's signal ended."""
     code = res.exitcode
-    if stop is not None and (ended_by_nbddp(code, res.exception, sent) or lost_peer(res.exception)):
+    if ended_by_the_stop(stop, ended_by_nbddp(code, res.exception, sent), res.exception):
         stopped_state(res, stop)
     elif code == 0:
         res.state, res.cause = RankState.OK, ""

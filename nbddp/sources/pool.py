@@ -32,7 +32,7 @@ from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Inter
 from nbddp.core.spec import LaunchSpec, check_pool_spec, given_or_made
 from nbddp.core.states import PoolState, StopReason
 from nbddp.core.summary import label
-from nbddp.core.exitstates import ended_by_nbddp, lost_peer, settle
+from nbddp.core.exitstates import ended_by_nbddp, ended_by_the_stop, settle
 from nbddp.sources.supervisor import Source, Supervisor
 
 FAILED_PEER_GRACE_S = 3.0  # a rank raised: how long the others may finish before being interrupted
@@ -104,8 +104,8 @@ class PoolRanks(Source):
         res.ended_at = time.time()
         if message[1] == msg.DONE_OK:
             res.state, res.cause = OK, ""
-        elif rank.stop is not None and ((message[1] == msg.DONE_INTERRUPTED and signal.SIGINT in rank.sent)
-                                        or lost_peer(res.exception)):
+        elif ended_by_the_stop(rank.stop, message[1] == msg.DONE_INTERRUPTED and signal.SIGINT in rank.sent,
+                               res.exception):
             res.state = TIMED_OUT if self.result.timed_out else INTERRUPTED
             res.cause = "stopped in the cell"
         else:
