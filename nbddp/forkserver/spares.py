@@ -32,7 +32,7 @@ _lock = threading.Lock()
 _stock: list["Plumbing"] = []
 _worker: threading.Thread | None = None  # the refill running now, if any
 _forking = threading.Event()  # set while that refill forks (after offering the notebook's modules)
-_progress = {"at": 0.0}  # when that refill last got on (began forking, forked, heard a spare ready)
+_progress_at = 0.0  # when that refill last got on (began forking, forked, heard a spare ready)
 
 
 def limit() -> int:
@@ -106,7 +106,7 @@ def take(n: int) -> list[Plumbing]:
     thread = _worker
     while thread is not None and thread.is_alive() and _forking.is_set():
         thread.join(0.05)
-        if time.monotonic() - _progress["at"] > starter.answer_limit():
+        if time.monotonic() - _progress_at > starter.answer_limit():
             break
     got = []
     with _lock:
@@ -127,6 +127,7 @@ def refill(n: int) -> None:
         return
 
     def work():
+        global _progress_at
         try:
             ctx = starter.context("forkserver")
             with starter.offering():
@@ -141,7 +142,7 @@ def refill(n: int) -> None:
                 missing = want - len(_stock)
             if missing <= 0:
                 return
-            _progress["at"] = time.monotonic()
+            _progress_at = time.monotonic()
             _forking.set()
             made = [Plumbing(ctx, duplex=True, spare=True) for _ in range(missing)]
             try:
@@ -149,10 +150,10 @@ def refill(n: int) -> None:
             finally:
                 for p in made:
                     p.close_child_ends()
-            _progress["at"] = time.monotonic()
+            _progress_at = time.monotonic()
             for p in made:
                 ready = p.started and _said_ready(p)
-                _progress["at"] = time.monotonic()
+                _progress_at = time.monotonic()
                 with _lock:
                     if ready:
                         _stock.append(p)
