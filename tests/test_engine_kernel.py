@@ -131,12 +131,12 @@ def test_syntax_error_reported_once_before_spawning(kernel):
 def test_bad_arguments_raise_usage_error_before_any_process(kernel, line, reason):
     kernel.settle()
     before = set(p.pid for p in kernel.descendants())
-    reply = kernel.execute(f"%%ddp {line}\nprint('ran')")
+    reply = kernel.execute(f"%%ddp {line}\nprint('the-cell-body-ran')")
     # IPython shows a UsageError as one line on stderr, and the cell's status is "error"
     assert reply.status == "error" and reply.stderr.startswith("UsageError: %%ddp: "), reply
     assert reason in reply.stderr
     assert reply.stderr.strip().count("\n") == 0
-    assert "ran" not in reply.stdout
+    assert "the-cell-body-ran" not in reply.stdout
     assert set(p.pid for p in kernel.descendants()) <= before
 
 
@@ -147,11 +147,11 @@ def test_port_in_use_is_a_clear_error(kernel):
     s.listen()
     port = s.getsockname()[1]
     try:
-        reply = kernel.execute(f"%%ddp -n 2 --master-port {port}\nprint('ran')")
+        reply = kernel.execute(f"%%ddp -n 2 --master-port {port}\nprint('the-cell-body-ran')")
     finally:
         s.close()
     assert reply.status == "error" and f"MASTER_PORT {port} is already in use" in reply.stderr, reply
-    assert "ran" not in reply.stdout
+    assert "the-cell-body-ran" not in reply.stdout
 
 
 def test_output_fd_level_c_level_and_child_processes(kernel):

@@ -309,7 +309,7 @@ print(s.getsockname()[1], flush=True); time.sleep(120)
         port = int(holder.stdout.readline())
         kernel.settle()
         before = {p.pid for p in kernel.descendants()}
-        reply = kernel.execute(f"%%ddp -n 2 --master-port {port}\nprint('ran')")
+        reply = kernel.execute(f"%%ddp -n 2 --master-port {port}\nprint('the-cell-body-ran')")
         after = {p.pid for p in kernel.descendants()}
     finally:
         holder.kill()
@@ -317,7 +317,7 @@ print(s.getsockname()[1], flush=True); time.sleep(120)
     assert reply.status == "error" and reply.stderr.startswith("UsageError: %%ddp: "), reply
     assert f"MASTER_PORT {port} is already in use on this machine" in reply.stderr
     assert "omit it to get a free one" in reply.stderr
-    assert "ran" not in reply.stdout
+    assert "the-cell-body-ran" not in reply.stdout
     assert after <= before, "processes were started for a launch that could not rendezvous"
     assert_recovered(kernel)
 

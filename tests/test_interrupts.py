@@ -172,7 +172,8 @@ def test_forkserver_killed_mid_cell_leaves_the_ranks_own_exit_codes(kernel):
     codes = kernel.ok("import json; print(json.dumps([(r.exitcode, r.state) for r in _ddp.ranks]))").stdout
     assert json.loads(codes) == [[0, "ok"], [3, "failed"]], codes
     assert reply.error and "rank 1: failed (exited with code 3)" in "\n".join(reply.error["traceback"]), reply.text
-    assert "255" not in reply.text + "\n".join(reply.error["traceback"])
+    # a forkserver's death must not show as the ranks' exit code (255); a port or folder may hold "255"
+    assert "code 255" not in reply.text + "\n".join(reply.error["traceback"])
     reply = kernel.ok(NEXT, timeout=180)
     assert reply.stdout.count("next ok") == 2, reply.text
     notes = [line for line in reply.text.splitlines() if "forkserver had ended" in line]
