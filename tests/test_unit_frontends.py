@@ -1,5 +1,5 @@
 """The view each front end gets (nbddp/core/frontends.py), from the evidence the kernel gathers."""
-from nbddp.core.frontends import Evidence, choose, front_end_name
+from nbddp.core.frontends import ANSWER_WINDOW_S, Evidence, SendClock, choose, front_end_name, ignored
 
 LAB = {"deletedCells": [], "recordTiming": False, "cellId": "4f0c"}
 VSCODE = {"cellId": "vscode-notebook-cell:/home/u/train.ipynb#W2sZmlsZQ%3D%3D"}
@@ -70,3 +70,34 @@ def test_output_is_paced_only_where_a_notebook_server_is_between():
     for headless in ({}, {"cellId": "c1"}, None):  # papermill, nbclient, jupyter_client: every line
         assert not behind_a_server(ev(metadata=headless)) and not choose(ev(metadata=headless)).paced
     assert not behind_a_server(ev(metadata=LAB, in_kernel=False))
+
+
+def test_a_manager_that_had_time_to_draw_the_probe_and_did_not_gets_text_saying_which():
+    made = choose(ev(metadata=LAB, opened_control=True, ignored_probe=True))
+    assert made.view == "text" and "did not draw ipywidgets 8's widgets" in made.why
+    assert "jupyterlab_widgets>=3" in made.why and "widgetsnbextension>=4" in made.why
+    assert choose(ev(metadata=LAB, opened_control=True, ignored_probe=True), "widgets").view == "text"
+    # JupyterLab 3 with a fresh kernel: its manager's control comm failed (no ipywidgets yet)
+    assert choose(ev(metadata=LAB, ignored_probe=True)).view == "text"
+    # it drew the probe after all (a slow page): widgets; VS Code opens no control comm: not judged
+    assert choose(ev(metadata=LAB, opened_control=True, ignored_probe=True, drew_probe=True)).view == "widgets"
+    assert choose(ev(metadata=VSCODE, ignored_probe=True)).view == "widgets"
+    # a drawing outweighs a closed bare probe, and a client naming nothing that drew gets widgets
+    assert choose(ev(metadata=LAB, closed_probe=True, drew_probe=True)).view == "widgets"
+    assert choose(ev(metadata={}, drew_probe=True)).view == "widgets"
+    assert choose(ev(ipywidgets="7.7.1", metadata=LAB, drew_probe=True)).view == "text"
+
+
+def test_send_clock_tells_a_cell_sent_later_from_one_queued_behind_others():
+    clock = SendClock()
+    # the front end's clock is 1000 s behind the kernel's; its first cell starts 10 ms after it was sent
+    assert clock.sent_at("s", 0.0, 1000.01) == 1000.01
+    # Run All: sent 0.05 s after the first, started 8 s later (queued): sent long before it started
+    assert abs(clock.sent_at("s", 0.05, 1008.0) - 1000.06) < 1e-9
+    assert not ignored(1000.02, 1000.06)
+    # sent by hand 20 s later, started at once: the probe had all that time
+    assert abs(clock.sent_at("s", 20.0, 1020.01) - 1020.01) < 1e-9 and ignored(1000.02, 1020.01)
+    # each session has its own clock; a header without a date is never judged
+    assert clock.sent_at("other", 500.0, 1030.0) == 1030.0
+    assert clock.sent_at("s", None, 1040.0) is None and not ignored(1000.0, None) and not ignored(None, 1040.0)
+    assert not ignored(0.0, ANSWER_WINDOW_S) and ignored(0.0, ANSWER_WINDOW_S + 0.1)

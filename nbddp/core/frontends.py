@@ -10,6 +10,13 @@ frontend_probe.py gathers it per front-end session):
 - a round trip: the front end closed the small widget nbddp opened (a front end with no widget
   manager closes a comm for a target it does not know: JupyterLab without ``jupyterlab_widgets``,
   a code console without one), or it opened the control comm itself (it has a manager);
+- a drawing: nbddp also opens two small ipywidgets 8 controls joined by ``jslink``; a widget
+  manager that can build ipywidgets 8's models links them and sends the new value back. An
+  ipywidgets 7 manager (JupyterLab 3, Notebook 6 with widgetsnbextension 3) opens the same
+  control comm but cannot load those models and sends nothing, so a JupyterLab session (or one
+  whose manager opened the control comm) that sent a cell well after the probe reached it
+  (ANSWER_WINDOW_S) and never answered cannot draw the live view. A Run All's cells were all sent before any answer could come: they are judged
+  on the other evidence (SendClock tells them apart);
 - the execute_request's metadata: JupyterLab and Notebook 7 send ``deletedCells`` /
   ``recordTiming``; VS Code sends ``cellId: "vscode-notebook-cell:..."``. nbclient, papermill and
   plain jupyter_client send nothing or a bare ``cellId``: no live viewer, so text (a saved
@@ -22,6 +29,8 @@ from dataclasses import dataclass, replace
 JUPYTERLAB_KEYS = ("deletedCells", "recordTiming")
 VSCODE_CELL_PREFIX = "vscode-notebook-cell:"
 WIDGETS_MAJOR = 8  # nbddp/views/widgetview.py uses ipywidgets 8's models (HTMLStyle, Tab titles)
+ANSWER_WINDOW_S = 5.0  # a manager that can draw the probe answers well within this (a page's
+# first widget loads ipywidgets' controls bundle; a remote server adds its round trips)
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,8 @@ class Evidence:
     ipywidgets: str | None = None  # the kernel's ipywidgets version; None: not installed
     closed_probe: bool = False  # this session closed nbddp's widget: it has no widget manager
     opened_control: bool = False  # this session opened ipywidgets' control comm: it has one
+    drew_probe: bool = False  # this session's manager drew nbddp's linked probe: it renders ipywidgets 8
+    ignored_probe: bool = False  # it had ANSWER_WINDOW_S to draw the probe and did not
     metadata: dict | None = None  # the execute_request's metadata
 
 
@@ -72,11 +83,47 @@ def renders_widgets_here(evidence: Evidence) -> str:
         return (f"the live widget view needs ipywidgets {WIDGETS_MAJOR} and this kernel has "
                 f"{evidence.ipywidgets} (Colab pins 7: keep its pin, upgrading it breaks "
                 f"Colab's runtime)")
+    if evidence.drew_probe:
+        return ""
     if evidence.closed_probe and not evidence.opened_control:
         return ("this front end cannot render ipywidgets (it closed the widget nbddp opened): "
                 "install `jupyterlab_widgets` where JupyterLab or Notebook runs (`pip install "
                 "jupyterlab_widgets` on the server) and reload the page")
+    # judged where a manager is known to be there (it opened the control comm; JupyterLab and
+    # Notebook 7 load one with every notebook): VS Code draws widgets only once one is displayed
+    if evidence.ignored_probe and (evidence.opened_control or front_end_name(evidence.metadata) == "JupyterLab"):
+        return ("this front end's widget manager did not draw ipywidgets 8's widgets (it is ipywidgets "
+                "7's: JupyterLab 3, or Notebook 6 with widgetsnbextension 3): install ipywidgets 8's "
+                "front end where the server runs (`pip install \"jupyterlab_widgets>=3\"` for JupyterLab, "
+                "`pip install \"widgetsnbextension>=4\"` for Notebook) and reload the page")
     return ""
+
+
+class SendClock:
+    """When a front end sent a cell, in the kernel's clock (pure: times are passed in).
+
+    A cell's header carries the front end's own clock, which may be off from the kernel's by any
+    amount. A cell that was not queued starts a few milliseconds after it was sent, so the
+    smallest (start - sent) seen from a front end is its offset plus a transit; a queued cell (Run
+    All) shows a larger one, and its send time comes out as early as it was."""
+
+    def __init__(self):
+        self._offset: dict[str, float] = {}
+
+    def sent_at(self, session: str, header_time: float | None, started: float) -> float | None:
+        """The kernel time at which ``session`` sent the cell that started at ``started``;
+        None where its header has no time."""
+        if header_time is None:
+            return None
+        offset = min(self._offset.get(session, started - header_time), started - header_time)
+        self._offset[session] = offset
+        return header_time + offset
+
+
+def ignored(probe_sent: float | None, cell_sent: float | None, window: float = ANSWER_WINDOW_S) -> bool:
+    """Had a front end ``window`` seconds to answer the probe sent at ``probe_sent`` before it
+    sent this cell (at ``cell_sent``, both kernel times)? Unknown times say no."""
+    return probe_sent is not None and cell_sent is not None and cell_sent - probe_sent > window
 
 
 def behind_a_server(evidence: Evidence) -> bool:
@@ -108,6 +155,6 @@ def _view(evidence: Evidence, asked: str) -> Choice:
         return Choice("text")
     if cannot:
         return Choice("text", f"nbddp: text view: {cannot}")
-    if evidence.opened_control or front_end_name(evidence.metadata):
+    if evidence.drew_probe or evidence.opened_control or front_end_name(evidence.metadata):
         return Choice("widgets")
     return Choice("text")

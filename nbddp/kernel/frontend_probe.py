@@ -9,7 +9,13 @@ view from:
   a front end that has a manager), so an answer that comes late still counts.
 - ipywidgets' ``jupyter.widget.control`` comm, opened by a widget manager when it connects to a
   kernel that has ipywidgets imported: recorded for the session that opened it, not kernel-wide
-  (ipywidgets' own ``Widget._control_comm`` stays set after that browser tab is gone).
+  (ipywidgets' own ``Widget._control_comm`` stays set after that browser tab is gone). A fresh
+  kernel has no ipywidgets when the page connects, so JupyterLab 4 does not open it then.
+- the drawing: with the probe, two small ipywidgets 8 controls joined by ``jslink``; a manager
+  that builds them sends the linked value back (recorded for the session that sent it; JupyterLab
+  4.6 and Notebook 7 do, tests/test_browser.py). A JupyterLab session that sent a cell
+  ANSWER_WINDOW_S after its probe went out, and never answered, cannot draw the live view (an
+  ipywidgets 7 manager).
 
 A "Run all" sends its cells before the answer can come back, so the cell right after
 ``%load_ext`` may still be chosen from the metadata alone; every later cell knows.
@@ -17,14 +23,18 @@ A "Run all" sends its cells before the answer can come back, so the cell right a
 from __future__ import annotations
 
 import os
+import time
+from datetime import datetime
 
-from nbddp.core.frontends import WIDGETS_MAJOR, Evidence, front_end_name, major
+from nbddp.core.frontends import WIDGETS_MAJOR, Evidence, SendClock, front_end_name, ignored, major
 
 CONTROL_TARGET = "jupyter.widget.control"
 
 closed_sessions: set[str] = set()  # sessions that closed a probe: no widget manager there
 control_sessions: set[str] = set()  # sessions whose widget manager opened the control comm
-_probed_sessions: set[str] = set()
+drawn_sessions: set[str] = set()  # sessions whose widget manager drew the linked probe
+_probed_sessions: dict[str, float] = {}  # session -> when its probe went out (time.time())
+_clock = SendClock()
 _probes: list = []  # the probe widgets, kept so their comms live
 
 
@@ -84,6 +94,20 @@ def _watch_control_comm(shell) -> None:
         manager.targets[CONTROL_TARGET] = recording
 
 
+def _header_time(msg) -> float | None:
+    """The front end's clock in a message's header (a datetime from ipykernel's session, or the
+    ISO text some clients send), as seconds since the epoch; None where there is none."""
+    date = ((msg or {}).get("header") or {}).get("date")
+    if isinstance(date, str):
+        try:
+            date = datetime.fromisoformat(date.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if not isinstance(date, datetime) or date.tzinfo is None:
+        return None
+    return date.timestamp()
+
+
 def evidence(shell) -> Evidence:
     """What is known about the front end that sent the running cell."""
     forced = os.environ.get("NBDDP_OUTPUT", "").strip().lower()
@@ -94,21 +118,28 @@ def evidence(shell) -> Evidence:
         _watch_control_comm(shell)
     parent = _parent(shell)
     session = _session_of(parent)
+    sent = _clock.sent_at(session, _header_time(parent), time.time()) if session else None
     return Evidence(forced=forced, ipywidgets=version, metadata=parent.get("metadata") or {},
-                    closed_probe=session in closed_sessions, opened_control=session in control_sessions)
+                    closed_probe=session in closed_sessions, opened_control=session in control_sessions,
+                    drew_probe=session in drawn_sessions,
+                    ignored_probe=ignored(_probed_sessions.get(session), sent))
 
 
 def probe(shell) -> None:
-    """Open a probe for a session not yet asked whose cells name a widget front end (never for
-    nbclient or papermill: their saved notebook would keep its model)."""
+    """Open a probe for a session not yet asked whose cells name a widget front end or whose
+    widget manager opened the control comm (never for nbclient or papermill: their saved
+    notebook would keep its models)."""
     if shell is None or getattr(shell, "kernel", None) is None:
         return
     if major(ipywidgets_version() or "0") < WIDGETS_MAJOR:
         return
     parent = _parent(shell)
     session = _session_of(parent)
-    if not session or session in _probed_sessions or not front_end_name(parent.get("metadata")):
+    if not session or session in _probed_sessions:
         return
+    if not (front_end_name(parent.get("metadata")) or session in control_sessions):
+        return
+    _clock.sent_at(session, _header_time(parent), time.time())  # this cell's offset, for the next
     _watch_control_comm(shell)
     from ipywidgets import Widget
 
@@ -116,7 +147,6 @@ def probe(shell) -> None:
     comm = getattr(widget, "comm", None)
     if comm is None:
         return
-    _probed_sessions.add(session)
 
     def closed(msg):
         answered = _session_of(msg)
@@ -125,3 +155,27 @@ def probe(shell) -> None:
 
     comm.on_close(closed)
     _probes.append(widget)
+    _probes.extend(_linked_probe())
+    _probed_sessions[session] = time.time()
+
+
+def _linked_probe() -> list:
+    """Two ipywidgets 8 controls joined by jslink: a manager that builds them sets the second to
+    the first's value and sends it back; the session of each such message drew them."""
+    import ipywidgets as W
+
+    source, target = W.IntText(value=1), W.IntText(value=0)
+    link = W.jslink((source, "value"), (target, "value"))
+    comm = getattr(target, "comm", None)
+    if comm is None:
+        return [source, target, link]
+
+    def answered(msg, _handle=target._handle_msg):
+        data = (msg.get("content") or {}).get("data") or {}
+        session = _session_of(msg)
+        if session and data.get("method") == "update" and (data.get("state") or {}).get("value") == 1:
+            drawn_sessions.add(session)
+        return _handle(msg)
+
+    comm.on_msg(answered)
+    return [source, target, link]
