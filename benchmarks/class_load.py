@@ -197,11 +197,20 @@ def marked_pids(marker: str) -> list[int]:
     return found
 
 
+def someone_elses(push_folder: str, ours: set) -> bool:
+    """A pushed-values folder (``nbddp-push-<kernel pid>-…``) of a kernel that still runs and is
+    not this run's: /dev/shm is shared, and another kernel on the machine (a test beside this one)
+    keeps its folder while it lives."""
+    found = re.match(r"nbddp-push-(\d+)-", os.path.basename(push_folder))
+    return bool(found) and int(found.group(1)) not in ours and os.path.exists(f"/proc/{found.group(1)}")
+
+
 def leftovers(marker: str, tmp: str, before: set) -> list[str]:
     """What the run's kernels left: any process carrying ``marker``, log folders in ``tmp``,
-    pushed files (/dev/shm is shared: new ones that stay count)."""
+    pushed files (new ones that stay count, but for those of other kernels still running)."""
     left = [p for p in glob.glob(os.path.join(tmp, "nbddp-*"))]
-    left += [p for p in glob.glob("/dev/shm/nbddp-push-*") if p not in before]
+    ours = set(marked_pids(marker))
+    left += [p for p in glob.glob("/dev/shm/nbddp-push-*") if p not in before and not someone_elses(p, ours)]
     for pid in marked_pids(marker):
         try:
             with open(f"/proc/{pid}/comm") as c:

@@ -29,3 +29,15 @@ def test_three_kernels_run_one_lesson_at_once(tmp_path):
     assert not result["failures"], result["failures"]
     assert not result["left"], result["left"]
     assert len(result["load"]["01_world_size_and_ranks.ipynb"]) == 3
+
+
+def test_only_push_folders_of_other_running_kernels_are_not_the_runs(tmp_path):
+    import subprocess
+
+    alive = tmp_path / f"nbddp-push-{os.getpid()}-abc"   # this process runs and is not the run's
+    assert class_load.someone_elses(str(alive), ours=set())
+    assert not class_load.someone_elses(str(alive), ours={os.getpid()})
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert not class_load.someone_elses(str(tmp_path / f"nbddp-push-{gone.pid}-abc"), ours=set())  # left: a leak
+    assert not class_load.someone_elses(str(tmp_path / "nbddp-push-abc"), ours=set())  # no pid in it: counted

@@ -141,6 +141,9 @@ def test_forkserver_in_its_own_session_and_replaced_if_it_dies(kernel):
 
 def test_forkserver_replaced_between_cells_by_the_spares_refill_is_still_reported(kernel):
     kernel.ok(NEXT, timeout=120)
+    # the refill that cell started ends first: one still forking when the forkserver is killed
+    # (a loaded machine) outlives clear()'s wait, so refill() below would be a no-op beside it
+    kernel.ok("from nbddp.forkserver import spares\nspares.settle(120)", timeout=180)
     server = kernel.forkserver()
     os.kill(server.pid, signal.SIGKILL)
     assert not wait_gone([server.pid], 60), "the killed forkserver did not exit"  # the next cell meets a dead one, not a dying one (tests/test_faults.py)

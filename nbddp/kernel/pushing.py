@@ -115,7 +115,8 @@ def _shared_folder() -> str:
     global _folder
     if _folder is None or not os.path.isdir(_folder):
         base = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
-        _folder = tempfile.mkdtemp(prefix="nbddp-push-", dir=base)  # 0700
+        # 0700; the kernel's pid in the name says whose it is (/dev/shm is shared by every kernel)
+        _folder = tempfile.mkdtemp(prefix=f"nbddp-push-{os.getpid()}-", dir=base)
         remove_at_exit(_folder)
     return _folder
 
