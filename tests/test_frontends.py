@@ -51,7 +51,7 @@ def draw(client, messages):
              if m["content"]["data"]["state"].get("_model_name") == "LinkModel"]
     assert len(links) == 1, links
     target = links[0]["target"][0].removeprefix("IPY_MODEL_")
-    client.send("comm_msg", {"comm_id": target, "data": {"method": "update", "state": {"value": 1},
+    client.send("comm_msg", {"comm_id": target, "data": {"method": "update", "state": {"value": "nbddp-probe"},
                                                           "buffer_paths": []}})
 
 

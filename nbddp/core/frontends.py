@@ -10,10 +10,10 @@ frontend_probe.py gathers it per front-end session):
 - a round trip: the front end closed the small widget nbddp opened (a front end with no widget
   manager closes a comm for a target it does not know: JupyterLab without ``jupyterlab_widgets``,
   a code console without one), or it opened the control comm itself (it has a manager);
-- a drawing: nbddp also opens two small ipywidgets 8 controls joined by ``jslink``; a widget
-  manager that can build ipywidgets 8's models links them and sends the new value back. An
-  ipywidgets 7 manager (JupyterLab 3, Notebook 6 with widgetsnbextension 3) opens the same
-  control comm but cannot load those models and sends nothing, so a JupyterLab session (or one
+- a drawing: nbddp also opens two ipywidgets 8 HTML widgets joined by ``jslink``; a widget
+  manager that can build them links them and sends the new value back. An ipywidgets 7 manager
+  opens the same control comm but has no HTMLStyle model: JupyterLab 3's closes the probe (see
+  renders_widgets_here), classic Notebook 6's sends nothing, so a JupyterLab session (or one
   whose manager opened the control comm) that sent a cell well after the probe reached it
   (ANSWER_WINDOW_S) and never answered cannot draw the live view. A Run All's cells were all sent before any answer could come: they are judged
   on the other evidence (SendClock tells them apart);
@@ -86,9 +86,13 @@ def renders_widgets_here(evidence: Evidence) -> str:
     if evidence.drew_probe:
         return ""
     if evidence.closed_probe and not evidence.opened_control:
-        return ("this front end cannot render ipywidgets (it closed the widget nbddp opened): "
-                "install `jupyterlab_widgets` where JupyterLab or Notebook runs (`pip install "
-                "jupyterlab_widgets` on the server) and reload the page")
+        # JupyterLab closes a comm whose target has no handler, or whose handler failed: no
+        # widgets front end, or ipywidgets 7's (JupyterLab 3.6 with jupyterlab_widgets 1.1.11,
+        # tried in a browser), which cannot load ipywidgets 8's models
+        return ("this front end cannot render ipywidgets 8 (it closed the widget nbddp opened): "
+                "install `jupyterlab_widgets>=3` where JupyterLab or Notebook runs (`pip install "
+                "\"jupyterlab_widgets>=3\"` on the server; JupyterLab 3's 1.x cannot draw ipywidgets 8) "
+                "and reload the page")
     # judged where a manager is known to be there (it opened the control comm; JupyterLab and
     # Notebook 7 load one with every notebook): VS Code draws widgets only once one is displayed
     if evidence.ignored_probe and (evidence.opened_control or front_end_name(evidence.metadata) == "JupyterLab"):

@@ -11,7 +11,7 @@ view from:
   kernel that has ipywidgets imported: recorded for the session that opened it, not kernel-wide
   (ipywidgets' own ``Widget._control_comm`` stays set after that browser tab is gone). A fresh
   kernel has no ipywidgets when the page connects, so JupyterLab 4 does not open it then.
-- the drawing: with the probe, two small ipywidgets 8 controls joined by ``jslink``; a manager
+- the drawing: with the probe, two ipywidgets 8 HTML widgets joined by ``jslink``; a manager
   that builds them sends the linked value back (recorded for the session that sent it; JupyterLab
   4.6 and Notebook 7 do, tests/test_browser.py). A JupyterLab session that sent a cell
   ANSWER_WINDOW_S after its probe went out, and never answered, cannot draw the live view (an
@@ -35,6 +35,7 @@ control_sessions: set[str] = set()  # sessions whose widget manager opened the c
 drawn_sessions: set[str] = set()  # sessions whose widget manager drew the linked probe
 _probed_sessions: dict[str, float] = {}  # session -> when its probe went out (time.time())
 _clock = SendClock()
+PROBE_VALUE = "nbddp-probe"
 _probes: list = []  # the probe widgets, kept so their comms live
 
 
@@ -160,11 +161,14 @@ def probe(shell) -> None:
 
 
 def _linked_probe() -> list:
-    """Two ipywidgets 8 controls joined by jslink: a manager that builds them sets the second to
-    the first's value and sends it back; the session of each such message drew them."""
+    """Two ipywidgets 8 HTML widgets joined by jslink: a manager that builds them sets the second
+    to the first's value and sends it back; the session of each such message drew them. HTML, as
+    the live view's panes: its style is an HTMLStyle model, which ipywidgets 7 has not. (Two
+    IntTexts are drawn by classic Notebook 6's ipywidgets 7 manager, which loads the controls it
+    bundles whatever version a model asks for, and then cannot draw the live view: tried there.)"""
     import ipywidgets as W
 
-    source, target = W.IntText(value=1), W.IntText(value=0)
+    source, target = W.HTML(value=PROBE_VALUE), W.HTML(value="")
     link = W.jslink((source, "value"), (target, "value"))
     comm = getattr(target, "comm", None)
     if comm is None:
@@ -173,7 +177,7 @@ def _linked_probe() -> list:
     def answered(msg, _handle=target._handle_msg):
         data = (msg.get("content") or {}).get("data") or {}
         session = _session_of(msg)
-        if session and data.get("method") == "update" and (data.get("state") or {}).get("value") == 1:
+        if session and data.get("method") == "update" and (data.get("state") or {}).get("value") == PROBE_VALUE:
             drawn_sessions.add(session)
         return _handle(msg)
 
