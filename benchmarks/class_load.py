@@ -209,9 +209,10 @@ def leftovers(marker: str, tmp: str, before: set) -> list[str]:
     """What the run's kernels left: any process carrying ``marker``, log folders in ``tmp``,
     pushed files (new ones that stay count, but for those of other kernels still running)."""
     left = [p for p in glob.glob(os.path.join(tmp, "nbddp-*"))]
-    ours = set(marked_pids(marker))
+    marked = marked_pids(marker)  # one pass over /proc for the folders and the processes
+    ours = set(marked)
     left += [p for p in glob.glob("/dev/shm/nbddp-push-*") if p not in before and not someone_elses(p, ours)]
-    for pid in marked_pids(marker):
+    for pid in marked:
         try:
             with open(f"/proc/{pid}/comm") as c:
                 left.append(f"process {pid} ({c.read().strip()})")

@@ -15,8 +15,9 @@ frontend_probe.py gathers it per front-end session):
   opens the same control comm but has no HTMLStyle model: JupyterLab 3's closes the probe (see
   renders_widgets_here), classic Notebook 6's sends nothing, so a JupyterLab session (or one
   whose manager opened the control comm) that sent a cell well after the probe reached it
-  (ANSWER_WINDOW_S) and never answered cannot draw the live view. A Run All's cells were all sent before any answer could come: they are judged
-  on the other evidence (SendClock tells them apart);
+  (ANSWER_WINDOW_S) and never answered cannot draw the live view. A Run All's cells were all
+  sent before any answer could come: they are judged on the other evidence (SendClock tells
+  them apart);
 - the execute_request's metadata: JupyterLab and Notebook 7 send ``deletedCells`` /
   ``recordTiming``; VS Code sends ``cellId: "vscode-notebook-cell:..."``. nbclient, papermill and
   plain jupyter_client send nothing or a bare ``cellId``: no live viewer, so text (a saved
