@@ -162,8 +162,13 @@ class Kernel:
         return reply
 
     def settle(self) -> None:
-        """Wait until nbddp has finished forking spare processes for the next cell (between cells)."""
-        self.ok("import nbddp.forkserver.spares as _spares; _spares.settle()")
+        """Wait until nbddp has finished forking spare processes for the next cell (between cells).
+        On a loaded machine a refill (the notebook's modules offered, then the forks, each spare's
+        "ready") can take longer than spares.settle()'s default 10 s, after which a test saw only
+        the spares made so far (1 of 3): up to 120 s here, and a refill still going then fails."""
+        self.ok("import nbddp.forkserver.spares as _spares\n_spares.settle(120)\n"
+                "assert _spares._worker is None or not _spares._worker.is_alive(), 'spares still forking after 120 s'",
+                timeout=180)
 
     def descendants(self) -> list[psutil.Process]:
         """Processes under the kernel, without nbddp's idle spares (they have run nothing)."""
