@@ -188,13 +188,15 @@ def test_readme_commands_work_on_a_fresh_clone(clone, tmp_path):
             if reason:
                 skipped.append((command, reason))
             elif command.startswith(SERVER):
+                started = time.monotonic()
                 specs = serve_and_ask(server_command(line), clone, env)
                 # the kernel demo.sh installed inside .venv is the one the lessons' hint names
                 assert "nbddp-venv" in specs["kernelspecs"], specs
-                ran.append(command)
+                ran.append(f"{command}  ({time.monotonic() - started:.0f} s)")
             else:
+                started = time.monotonic()
                 out = run_line(command, clone, env)
-                ran.append(command)
+                ran.append(f"{command}  ({time.monotonic() - started:.0f} s)")
                 if command == "bash scripts/demo.sh":
                     assert "[rank3]:RANK=3 LOCAL_RANK=3 WORLD_SIZE=4 sum=6.0" in out, out
                     # each rank's line once: streamed, and not again from the transcript
