@@ -110,6 +110,37 @@ print(json.dumps([sorted(forked), sorted(r.pid for r in _ddp.ranks)]))
 """
 
 
+SLOW_OFFER = """import threading, time
+from nbddp.forkserver import preload, spares, starter
+spares.clear()
+forked, start_all, offer = [], starter.start_all, preload.offer
+def slow_offer(*args, **kw):                # the refill's first step, offering the notebook's modules: 3 s
+    time.sleep(3)
+    return offer(*args, **kw)
+def recorded(processes, **kw):
+    start_all(processes, **kw)
+    if threading.current_thread().name == "nbddp-spares":
+        forked.extend(p.pid for p in processes)
+preload.offer, starter.start_all = slow_offer, recorded
+try:
+    spares.refill(2)                        # the cell comes while the refill offers, before it forks
+    get_ipython().run_cell_magic("ddp", "-n 2 --output text --timeout 60", "pass")
+finally:
+    preload.offer, starter.start_all = offer, start_all
+print(json.dumps([sorted(forked), sorted(r.pid for r in _ddp.ranks)]))
+"""
+
+
+def test_a_cell_that_comes_while_the_refill_offers_modules_waits_for_its_forks(fresh_kernel):
+    """The refill offers the notebook's modules before it forks (its forks would wait behind
+    that offer in the forkserver anyway): a cell that came then took no spare and forked its
+    own ranks, and the refill's forks followed beside them ("Too many open files" in the
+    300-cell test at four test files at a time)."""
+    reply = fresh_kernel.ok("import json\n" + SLOW_OFFER, timeout=120)
+    forked, ranks = json.loads(reply.stdout.strip().splitlines()[-1])
+    assert len(forked) == 2 and forked == ranks, f"the cell forked its own ranks beside the refill: {reply.text}"
+
+
 def test_a_cell_waits_for_a_slow_refill_instead_of_forking_beside_it(fresh_kernel):
     """A refill still forking when the next cell comes is making that cell's ranks: the cell
     takes them once they are ready, however slow the machine, instead of forking a second set

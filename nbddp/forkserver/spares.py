@@ -32,7 +32,7 @@ _lock = threading.Lock()
 _stock: list["Plumbing"] = []
 _worker: threading.Thread | None = None  # the refill running now, if any
 _forking = threading.Event()  # set while that refill forks (after offering the notebook's modules)
-_progress_at = 0.0  # when that refill last got on (began forking, forked, heard a spare ready)
+_progress_at = 0.0  # when that refill last got on (started, began forking, forked, heard a spare ready)
 
 
 def limit() -> int:
@@ -96,15 +96,18 @@ def usable(spec, pool_mode: bool) -> bool:
 
 
 def take(n: int) -> list[Plumbing]:
-    """Up to ``n`` ready spares (dead ones are dropped). A refill that is forking now is
-    making these very processes: waiting for it costs no more than forking a second set beside
-    it, which would double the kernel's descriptors (12 a process while it starts: ~200 at once
-    for two ``-n 8`` sets) and compete for the same cores. So the cell waits as long as the
-    refill gets on, and gives up only where a fork request would be called stuck (a fixed 5 s
-    was too short on a loaded machine: the cell forked beside it, and 300 ``-n 8`` cells under
-    a 256-descriptor limit hit "Too many open files" at cell 222 in a CI run)."""
+    """Up to ``n`` ready spares (dead ones are dropped). A refill that runs now is making these
+    very processes: waiting for it costs no more than forking a second set beside it, which
+    would double the kernel's descriptors (12 a process while it starts: ~200 at once for two
+    ``-n 8`` sets) and compete for the same cores. So the cell waits as long as the refill gets
+    on, and gives up only where a fork request would be called stuck (a fixed 5 s was too short
+    on a loaded machine: the cell forked beside it, and 300 ``-n 8`` cells under a
+    256-descriptor limit hit "Too many open files" at cell 222 in a CI run). That includes the
+    refill's first step, offering the notebook's modules: its fork requests would wait behind
+    that offer in the forkserver anyway, and a cell that came then forked beside the refill's
+    forks (the same error at four test files at a time, 2026-12-05)."""
     thread = _worker
-    while thread is not None and thread.is_alive() and _forking.is_set():
+    while thread is not None and thread.is_alive():
         thread.join(0.05)
         if time.monotonic() - _progress_at > starter.answer_limit():
             break
@@ -121,7 +124,7 @@ def take(n: int) -> list[Plumbing]:
 
 def refill(n: int) -> None:
     """Fork spares in the background until ``min(n, limit())`` wait."""
-    global _worker
+    global _worker, _progress_at
     want = min(n, limit())
     if want <= 0 or (_worker is not None and _worker.is_alive()):
         return
@@ -164,6 +167,7 @@ def refill(n: int) -> None:
         finally:
             _forking.clear()
 
+    _progress_at = time.monotonic()
     _worker = threading.Thread(target=work, name="nbddp-spares", daemon=True)
     _worker.start()
 
