@@ -37,8 +37,9 @@ if hasattr(os, "getloadavg"):   # timings are only as good as the machine is qui
 # (64→512→512→512→10, 0.56 M parameters, 2.15 MB). For each it times
 # - `steps` DDP training steps: the job's throughput (samples per second over all ranks);
 # - the same steps under `no_sync()` (no all-reduce): the compute alone;
-# - one `all_reduce` of all the gradients, alone (the fastest of 20: on a busy machine the others include
-#   waiting for a peer that the OS has not scheduled): the communication.
+# - one `all_reduce` of all the gradients, alone: the communication. It is the fastest of 30, the two
+#   models' all-reduces taken in turn, so both meet the same load: on a busy machine most calls include
+#   waiting for a peer that the OS has not scheduled yet.
 
 # %% throughput-code
 import nbddp
@@ -53,7 +54,7 @@ def measure(steps):
     X, y = digits("train")
     batches = [(X[i:i + 32], y[i:i + 32]) for i in range(rank * 32, len(X) - 32, world * 32)]
     widths = {"small": [64, 96, 10], "wide": [64, 512, 512, 512, 10]}
-    out = {}
+    out, grads = {}, {}
     for name, w in widths.items():
         torch.manual_seed(0)
         layers = [m for a, b in zip(w, w[1:]) for m in (torch.nn.Linear(a, b), torch.nn.ReLU())][:-1]
@@ -75,15 +76,18 @@ def measure(steps):
             dist.barrier(); t0 = time.perf_counter()
             train(steps, sync)
             dist.barrier(); times[sync] = time.perf_counter() - t0
-        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-        reduce_s = []
-        for _ in range(20):
-            dist.barrier(); t0 = time.perf_counter(); dist.all_reduce(grads); reduce_s.append(time.perf_counter() - t0)
+        grads[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
         seen = torch.tensor([steps * 32.0]); dist.all_reduce(seen)
         out[name] = {"samples_per_s": seen.item() / times[True], "step_ms": times[True] / steps * 1e3,
-                     "compute_ms": times[False] / steps * 1e3, "allreduce_ms": min(reduce_s) * 1e3,
-                     "grad_mb": grads.numel() * 4 / 2**20, "samples": seen.item()}
+                     "compute_ms": times[False] / steps * 1e3,
+                     "grad_mb": grads[name].numel() * 4 / 2**20, "samples": seen.item()}
         del model, opt                   # DDP before its process group
+    reduce_s = {name: [] for name in grads}
+    for _ in range(30):                  # small, wide, small, wide, ...: the same moments for both
+        for name, g in grads.items():
+            dist.barrier(); t0 = time.perf_counter(); dist.all_reduce(g); reduce_s[name].append(time.perf_counter() - t0)
+    for name in grads:
+        out[name]["allreduce_ms"] = min(reduce_s[name]) * 1e3
     dist.destroy_process_group()
     return out
 
@@ -290,8 +294,8 @@ for n, v in scaling.items():
         assert m["samples_per_s"] > 0 and m["compute_ms"] > 0, (n, name, m)
 assert abs(scaling[1]["wide"]["grad_mb"] - 2.15) < 0.01 and scaling[1]["small"]["grad_mb"] < 0.03, scaling[1]
 two = scaling[2]
-# 78× the bytes; on a quiet machine ~10× the time, on a busy one the small all-reduce is mostly waiting for
-# the peer to be scheduled (the fastest of 20 was 0.8 ms against 1.5 ms once, at load 18 on 2 cores)
+# 78× the bytes; on a quiet machine ~10× the time, on a busy one both are mostly waiting for the peer to be
+# scheduled (measured one after the other, the small one's fastest of 20 was once 3.0 ms against the wide one's 2.0)
 assert two["wide"]["allreduce_ms"] > two["small"]["allreduce_ms"], two      # communication grows with the model
 assert two["wide"]["compute_ms"] > two["small"]["compute_ms"], two
 for r, per_rank in enumerate(events):
