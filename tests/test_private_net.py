@@ -91,9 +91,11 @@ def run_and_probe(k: Kernel):
         # same number as a rank's in its own namespace, but not the rank
         seen["outside"] = listening_ports(os.getpid())
         seen["net"] = os.readlink(f"/proc/{pid}/ns/net")
-        log_dir = max(glob.glob("/tmp/nbddp-*/launch-*"), key=os.path.getmtime)
+        # this launch's (the header names it), not the newest of the machine's: another test's
+        # can be newer, and gone by the time it is read
+        log_dir = re.search(r"logs in (\S+)", reply.stdout).group(1).rstrip(",)")
         seen["logs"] = as_nobody("cat", os.path.join(log_dir, "rank0.stdout"))
-        pushed = glob.glob("/dev/shm/nbddp-push-*")
+        pushed = glob.glob(f"/dev/shm/nbddp-push-{k.pid}-*")  # this kernel's
         seen["pushed"] = [as_nobody("ls", folder) for folder in pushed]
         seen["planted"] = [as_nobody("touch", os.path.join(folder, "planted")) for folder in pushed]
 
