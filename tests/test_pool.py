@@ -16,10 +16,19 @@ def _pids(kernel):
 
 
 @pytest.fixture
-def pool_kernel(fresh_kernel):
-    fresh_kernel.ok("%ddp_pool start -n 3 --output text")
-    yield fresh_kernel
-    fresh_kernel.execute("%ddp_pool stop")
+def pool_kernel(kernel):
+    """The module's kernel with a pool of 3 started for the test. After it the pool is stopped,
+    every rank it had (restarts included) must be gone and the test's names are dropped, so the
+    next test starts its own pool in the same kernel, as a user does after `%ddp_pool stop`."""
+    kernel.ok("%ddp_pool start -n 3 --output text")
+    seen = set(_pids(kernel))
+    yield kernel
+    reply = kernel.execute("import json; _p = type(get_ipython().find_magic('ddp_pool').__self__).pool\n"
+                           "print(json.dumps([r.result.pid for r in _p.ranks] if _p else []))")
+    seen |= set(json.loads(reply.stdout or "[]"))
+    kernel.execute("%ddp_pool stop")
+    kernel.ok("%reset -f")
+    assert not wait_gone(sorted(seen), 10), "a pool's rank outlived %ddp_pool stop"
 
 
 def test_state_kept_across_cells_and_pull(pool_kernel):
@@ -158,7 +167,7 @@ def test_kernel_shutdown_ends_the_pool(fresh_kernel):
     assert not wait_gone(pids, 10)
 
 
-def test_bad_pool_commands(fresh_kernel):
+def test_bad_pool_commands(kernel):
     for line, text in (("", "usage"), ("launch", "unknown command 'launch'"), ("start -n 0", "-n must be at least 1")):
-        reply = fresh_kernel.execute(f"%ddp_pool {line}")
+        reply = kernel.execute(f"%ddp_pool {line}")
         assert reply.status == "error" and text in reply.stderr, (line, reply)

@@ -75,8 +75,12 @@ main()
 
 
 @pytest.mark.parametrize("preload", ["1", "0"], ids=["preload", "NBDDP_PRELOAD=0"])
-def test_training_cell_never_hangs_in_30_fresh_launches(tmp_path, preload):
-    k = Kernel(cwd=str(tmp_path), env={**os.environ, "NBDDP_PRELOAD": preload}).load_nbddp()
+def test_training_cell_never_hangs_in_30_fresh_launches(request, tmp_path, preload):
+    """With the preload (nbddp's default) in the module's kernel, without it in one of its own."""
+    own = preload == "0"
+    k = Kernel(cwd=str(tmp_path), env={**os.environ, "NBDDP_PRELOAD": "0"}).load_nbddp() if own \
+        else request.getfixturevalue("kernel")
+    folder = k.ok("import os; print(os.getcwd())").stdout.strip()
     try:
         hung, start = [], time.monotonic()
         for i in range(LAUNCHES):
@@ -85,10 +89,11 @@ def test_training_cell_never_hangs_in_30_fresh_launches(tmp_path, preload):
                 hung.append((i, (reply.error or {}).get("evalue", reply.text[-300:])))
         took = time.monotonic() - start
         assert not hung, f"{len(hung)} of {LAUNCHES} launches failed, e.g. {hung[:3]}"
-        assert os.path.exists(tmp_path / "snapshot.pt")
+        assert os.path.exists(os.path.join(folder, "snapshot.pt"))
         print(f"{LAUNCHES} launches in {took:.0f} s")
     finally:
-        k.shutdown()
+        if own:
+            k.shutdown()
 
 
 INIT_AND_GO = """%%ddp -n 4 --timeout 30 --output text
@@ -103,13 +108,13 @@ def _busy_core():
         pass
 
 
-def test_a_rank_that_ends_right_after_init_never_breaks_a_peers_connect(tmp_path):
+def test_a_rank_that_ends_right_after_init_never_breaks_a_peers_connect(kernel):
     """gloo's init returns on a rank before its peers have finished their handshake; a rank that
     then ends at once made a peer fail "connectFullMesh ... Connection closed by peer" in 14 of
     100 four-rank launches with both cores busy (nbddp/rank/teardown.py's init barrier)."""
     import multiprocessing
 
-    k = Kernel(cwd=str(tmp_path)).load_nbddp()
+    k = kernel
     busy = [multiprocessing.get_context("fork").Process(target=_busy_core, daemon=True) for _ in range(2)]
     try:
         for p in busy:
@@ -123,7 +128,6 @@ def test_a_rank_that_ends_right_after_init_never_breaks_a_peers_connect(tmp_path
     finally:
         for p in busy:
             p.kill()
-        k.shutdown()
 
 
 GLOO_THREADS = """
@@ -146,18 +150,18 @@ print("initialized:", dist.is_initialized(), "gloo threads:", gloo_threads(), fl
 """
 
 
-def test_destroy_keeps_gloos_threads_until_the_rank_ends(fresh_kernel):
+def test_destroy_keeps_gloos_threads_until_the_rank_ends(kernel):
     """The deadlock needs ~ProcessGroupGloo to run while a worker thread waits for the GIL; with
     the destroyed group kept, it never runs inside a cell (torch as it is: 0 threads here)."""
-    out = fresh_kernel.ok("%%ddp -n 2 --timeout 60 --output text" + GLOO_THREADS + DESTROY_THEN_FREE).stdout
+    out = kernel.ok("%%ddp -n 2 --timeout 60 --output text" + GLOO_THREADS + DESTROY_THEN_FREE).stdout
     for rank in range(2):
         assert f"[rank{rank}]:initialized: False gloo threads: 2\n" in out, out
 
 
-def test_a_pool_frees_destroyed_groups_two_cells_later(fresh_kernel):
+def test_a_pool_frees_destroyed_groups_two_cells_later(kernel):
     """A pool rank lives on, so what destroy keeps is freed before a later cell: the threads of
     at most two cells' groups exist at a time (ten after five cells if nothing were freed)."""
-    k = fresh_kernel
+    k = kernel
     k.ok("%ddp_pool start -n 2 --output text")
     try:
         k.ok("%%ddp" + GLOO_THREADS)
@@ -181,10 +185,10 @@ print("rounds:", len(names), "names:", len(set(names)), flush=True)
 """
 
 
-def test_init_and_destroy_again_and_again_in_one_cell(fresh_kernel):
+def test_init_and_destroy_again_and_again_in_one_cell(kernel):
     """torch names the next default group as the last (its counter reset by destroy), so its
     gloo keys on the store are the old group's: a rank reading a peer's stale address failed
     "Connection refused" in 5 of 10 launches of four rounds (nbddp/rank/teardown.py)."""
-    out = fresh_kernel.ok(ROUNDS, timeout=120).stdout
+    out = kernel.ok(ROUNDS, timeout=120).stdout
     for rank in range(2):
         assert f"[rank{rank}]:rounds: 12 names: 12\n" in out, out
