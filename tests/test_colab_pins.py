@@ -52,6 +52,13 @@ def _key() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _colab_env(**extra) -> dict:
+    """A Colab runtime's environment for the venv's processes: Python's default of writing
+    bytecode (the venv installs without it, so the first kernel compiles what it imports of torch
+    once; with this machine's PYTHONDONTWRITEBYTECODE every kernel and forkserver would again)."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, **extra}
+
+
 def _pip(venv, *args, constraints=None):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
@@ -100,7 +107,7 @@ def test_the_pins_hold(colab_venv):
 
 
 def test_a_cell_and_the_pool_run_in_the_pinned_kernel(colab_venv, tmp_path):
-    k = Kernel(cwd=str(tmp_path), python=os.path.join(colab_venv, "bin", "python"))
+    k = Kernel(cwd=str(tmp_path), env=_colab_env(), python=os.path.join(colab_venv, "bin", "python"))
     try:
         k.ok("%load_ext nbddp")
         reply = k.ok("%%ddp -n 2 --timeout 120\nimport os, torch, torch.distributed as dist\n"
@@ -128,7 +135,7 @@ def test_a_lesson_runs_in_the_pinned_kernel(colab_venv, tmp_path):
     done = subprocess.run([python, "-m", "papermill", os.path.join(ROOT, "notebooks", LESSON), str(out),
                            "-k", "colab-pins", "--cwd", str(tmp_path), "--no-progress-bar",
                            "--execution-timeout", "180"],
-                          capture_output=True, text=True, timeout=600)
+                          env=_colab_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     executed = json.loads(out.read_text())
     texts = [o.get("text", "") for c in executed["cells"] for o in c.get("outputs", [])]
@@ -147,7 +154,7 @@ def kaggle_overlay(colab_venv):
 
 
 def test_kaggles_pins_get_the_live_view(colab_venv, kaggle_overlay, tmp_path):
-    env = {**os.environ, "PYTHONPATH": kaggle_overlay}
+    env = _colab_env(PYTHONPATH=kaggle_overlay)
     k = Kernel(cwd=str(tmp_path), env=env, python=os.path.join(colab_venv, "bin", "python"))
     try:
         out = k.ok("import IPython, ipykernel, ipywidgets\n"

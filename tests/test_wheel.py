@@ -38,8 +38,11 @@ def run(cmd, **kw):
 
 
 def clean_env(**extra) -> dict:
-    """The environment of a user who never saw the checkout: no PYTHONPATH, no outer venv."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    """The environment of a user who never saw the checkout: no PYTHONPATH, no outer venv, and
+    Python's default of writing bytecode (the venv installs without it, so the first process
+    compiles what it imports of torch once; with PYTHONDONTWRITEBYTECODE every process would)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE")}
     return {**env, **extra}
 
 
