@@ -159,6 +159,21 @@ def test_restart_help_only_prints_it_and_the_pool_takes_no_other_launcher(pool_k
     assert f"[rank1]:on {pids[1]}" in reply.stdout, reply.text
 
 
+def test_after_reset_pools_and_fresh_forks_still_start(kernel):
+    """``%reset`` empties the notebook's namespace, ``__spec__`` with it, which multiprocess
+    reads on every start: pool starts and fresh forks raised AttributeError after it."""
+    kernel.ok("%%ddp -n 2 --output text\npass")  # spares for 2 wait for the next cell
+    kernel.ok("%reset -f")
+    reply = kernel.ok("%%ddp -n 4 --output text\nimport os; print('after reset', os.environ['RANK'])")
+    assert all(f"[rank{r}]:after reset {r}" in reply.stdout for r in range(4)), reply.stdout  # 2 spares, 2 forks
+    kernel.ok("%ddp_pool start -n 2 --output text")
+    try:
+        reply = kernel.ok("%%ddp\nimport os; print('pool after reset', os.environ['RANK'])")
+        assert all(f"[rank{r}]:pool after reset {r}" in reply.stdout for r in range(2)), reply.stdout
+    finally:
+        kernel.execute("%ddp_pool stop")
+
+
 def test_kernel_shutdown_ends_the_pool(fresh_kernel):
     fresh_kernel.ok("%ddp_pool start -n 2")
     pids = _pids(fresh_kernel)

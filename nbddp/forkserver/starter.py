@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -110,12 +111,18 @@ _original_preparation = spawn.get_preparation_data
 
 def _preparation_without_main(name):
     """A rank builds its own ``__main__`` from the cell: never re-run the caller's main script
-    in it (multiprocess would, for a script without a ``__main__`` guard)."""
-    data = _original_preparation(name)
+    in it (multiprocess would, for a script without a ``__main__`` guard). multiprocess reads
+    ``__main__.__spec__``, which a notebook's ``%reset`` deletes (a fresh kernel's is None):
+    without it every pool start and fresh fork raised AttributeError from multiprocess."""
     if getattr(_starting, "active", False):
+        main = sys.modules["__main__"]
+        if not hasattr(main, "__spec__"):
+            main.__spec__ = None  # what the kernel had before the reset
+        data = _original_preparation(name)
         data.pop("init_main_from_path", None)
         data.pop("init_main_from_name", None)
-    return data
+        return data
+    return _original_preparation(name)
 
 
 spawn.get_preparation_data = _preparation_without_main
