@@ -41,12 +41,12 @@ def fresh_kernel(tmp_path):
 # a time). scripts/test.sh hands files out in collection order (--no-loadscope-reorder: xdist would
 # otherwise order them by their number of tests): longest first, so no long file starts last and
 # leaves the other workers idle while it ends.
-LONGEST = {"test_notebooks.py": 351, "test_browser.py": 275, "test_readme.py": 212, "test_faults.py": 139,
-           "test_elastic.py": 123, "test_wheel.py": 114, "test_pool.py": 109, "test_training_soak.py": 99,
-           "test_kernel_death.py": 95, "test_interrupts.py": 94, "test_slurm.py": 91, "test_descriptors.py": 90,
-           "test_private_net.py": 48, "test_preload.py": 46, "test_export.py": 42, "test_cell_script.py": 38,
-           "test_class_load.py": 37, "test_diagnosis.py": 36,
-           "test_colab_pins.py": 110}  # its venv is built on a fresh clone (cached after)
+LONGEST = {"test_notebooks.py": 298, "test_browser.py": 276, "test_readme.py": 191, "test_faults.py": 123,
+           "test_descriptors.py": 120, "test_kernel_death.py": 116, "test_elastic.py": 110, "test_slurm.py": 98,
+           "test_wheel.py": 92, "test_interrupts.py": 86, "test_spares.py": 62, "test_preload.py": 60,
+           "test_training_soak.py": 52, "test_private_net.py": 51, "test_cell_script.py": 51, "test_export.py": 47,
+           "test_class_load.py": 47, "test_diagnosis.py": 44, "test_pool.py": 35,
+           "test_colab_pins.py": 150}  # its venv is built on a fresh clone (cached after)
 
 
 def pytest_collection_modifyitems(items):
