@@ -89,10 +89,11 @@ def test_nbddp_spares_0_keeps_none(kernel):
 SLOW_REFILL = """import threading, time
 from nbddp.forkserver import spares, starter
 spares.clear()
-forked, start_all = [], starter.start_all
+forked, start_all, forking = [], starter.start_all, threading.Event()
 def slow_refill(processes, **kw):           # a loaded machine: the refill's forks take 7 s
     slow = threading.current_thread().name == "nbddp-spares" and not forked
     if slow:
+        forking.set()
         time.sleep(7)
     start_all(processes, **kw)
     if slow:
@@ -100,9 +101,7 @@ def slow_refill(processes, **kw):           # a loaded machine: the refill's for
 starter.start_all = slow_refill
 try:
     spares.refill(2)
-    deadline = time.monotonic() + 10
-    while not spares._forking.is_set() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    forking.wait(10)                        # the cell comes while the refill forks
     get_ipython().run_cell_magic("ddp", "-n 2 --output text --timeout 60", "pass")
 finally:
     starter.start_all = start_all

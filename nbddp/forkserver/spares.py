@@ -31,7 +31,6 @@ DEFAULT_LIMIT = 8
 _lock = threading.Lock()
 _stock: list["Plumbing"] = []
 _worker: threading.Thread | None = None  # the refill running now, if any
-_forking = threading.Event()  # set while that refill forks (after offering the notebook's modules)
 _progress_at = 0.0  # when that refill last got on (started, began forking, forked, heard a spare ready)
 
 
@@ -146,7 +145,6 @@ def refill(n: int) -> None:
             if missing <= 0:
                 return
             _progress_at = time.monotonic()
-            _forking.set()
             made = [Plumbing(ctx, duplex=True, spare=True) for _ in range(missing)]
             try:
                 starter.start_all([p.process for p in made], limit=starter.answer_limit())
@@ -164,8 +162,6 @@ def refill(n: int) -> None:
                         p.discard()
         except Exception:
             pass  # spares only save time: the next launch forks its ranks itself
-        finally:
-            _forking.clear()
 
     _progress_at = time.monotonic()
     _worker = threading.Thread(target=work, name="nbddp-spares", daemon=True)
