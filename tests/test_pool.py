@@ -11,8 +11,9 @@ pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 
 def _pids(kernel):
-    return json.loads(kernel.ok("import json; print(json.dumps([r.result.pid for r in "
-                                "type(get_ipython().find_magic('ddp_pool').__self__).pool.ranks]))").stdout)
+    """The pids of the pool's ranks ([] when no pool was started)."""
+    return json.loads(kernel.ok("import json; _pool = type(get_ipython().find_magic('ddp_pool').__self__).pool\n"
+                                "print(json.dumps([r.result.pid for r in _pool.ranks] if _pool else []))").stdout)
 
 
 @pytest.fixture
@@ -23,9 +24,7 @@ def pool_kernel(kernel):
     kernel.ok("%ddp_pool start -n 3 --output text")
     seen = set(_pids(kernel))
     yield kernel
-    reply = kernel.execute("import json; _p = type(get_ipython().find_magic('ddp_pool').__self__).pool\n"
-                           "print(json.dumps([r.result.pid for r in _p.ranks] if _p else []))")
-    seen |= set(json.loads(reply.stdout or "[]"))
+    seen |= set(_pids(kernel))  # a restart's ranks too
     kernel.execute("%ddp_pool stop")
     kernel.ok("%reset -f")
     assert not wait_gone(sorted(seen), 10), "a pool's rank outlived %ddp_pool stop"
