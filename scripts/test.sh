@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install everything the tests need, then run the whole suite (about 15 minutes on 2 cores, three files at a time;
+# Install everything the tests need, then run the whole suite (9-17 minutes on 2 cores by the machine, three files at a time;
 # `pytest -m "not kernel"` alone runs the pure tests in seconds).
 # What it changes on the machine: .venv (torch, nbddp, the test extras, JupyterLab, playwright);
 # as root, Debian's chromium without its recommended packages (scripts/setup-browser.sh) and
@@ -22,7 +22,7 @@ mkdir -p artifacts
 status=0
 # Three test files at a time (pytest-xdist, a file stays on one worker, its kernel fixture shared
 # as before): most of a kernel test's time is waiting for ranks, timeouts, pip and kernels, not
-# CPU, so on 2 cores three at once take 750-988 s where two took 1,093 s. tests/conftest.py sends
+# CPU, so on 2 cores three at once take 505-988 s of pytest by the machine, where two took 1,093 s. tests/conftest.py sends
 # the longest files first; the 25 slowest tests are listed at the end. `-n 0` (after these) runs
 # them one at a time.
 .venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@" || status=$?
