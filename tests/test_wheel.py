@@ -78,9 +78,7 @@ def venv(dist, tmp_path_factory):
     # the first import writes the bytecode a user's first import would (the forkserver runs with
     # -B, and CI may set PYTHONDONTWRITEBYTECODE: without this every process compiles torch again)
     warm = "import torch.distributed, torch.nn, torch.distributed.run, nbddp.magic, nbddp.rank.worker, ipykernel.kernelapp, papermill"
-    env = clean_env()
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    run([python, "-c", warm], env=env)
+    run([python, "-c", warm], env=clean_env())
     site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
     return python, site
 
