@@ -21,8 +21,9 @@ bash scripts/setup-slurm.sh || echo "scripts/setup-slurm.sh failed: tests/test_s
 mkdir -p artifacts
 status=0
 # Three test files at a time (pytest-xdist, a file stays on one worker, its kernel fixture shared
-# as before): most of a kernel test's time is waiting for ranks, timeouts, pip and kernels, not
-# CPU, so on 2 cores three at once take 505-988 s of pytest by the machine, where two took 1,093 s. tests/conftest.py sends
+# as before): a kernel test alone spends much of its time waiting for ranks, timeouts, pip and
+# kernels, so three at once keep both cores busy (86-99% in a sampled run): on 2 cores they take
+# 505-988 s of pytest by the machine, where two took 1,093 s and four were no faster. tests/conftest.py sends
 # the longest files first; the 25 slowest tests are listed at the end. `-n 0` (after these) runs
 # them one at a time.
 .venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@" || status=$?
