@@ -3,10 +3,18 @@
 #
 # First a plain training script on one device. Then the same script made distributed, step by step:
 # 1. read `LOCAL_RANK` from the environment (argparse default), not from a launcher argument;
-# 2. `torch.cuda.set_device(local_rank)` — **only with GPUs**, and **before** `init_process_group`: NCCL
-#    creates its communicator on the current device, so a rank that binds later has already put a CUDA
-#    context on GPU 0 (the articles call `set_device` afterwards; with several ranks that is every rank
-#    holding memory on GPU 0). Since torch 2.3 `init_process_group(..., device_id=...)` says it explicitly;
+# 2. `torch.cuda.set_device(local_rank)` — **only with GPUs**, and **first**, before anything touches CUDA or
+#    the process group. Not because `init_process_group` puts NCCL on the current device: without `device_id=`
+#    it is lazy, and NCCL builds its communicator at the first collective, on that tensor's device. What does
+#    use the *current* device — `cuda:0` on a rank that has not bound yet — is `dist.barrier()` in a group
+#    not bound to a device (torch 2.13 warns "barrier(): using the device under current context"), the object
+#    collectives (`all_gather_object`, `broadcast_object_list`, … move the pickled object to
+#    `torch.cuda.current_device()`), and any `.cuda()` or `device="cuda"` without an index. Each such call
+#    on an unbound rank makes a CUDA context (memory) on GPU 0. The articles call `set_device` after
+#    `init_process_group`: fine while nothing in between touches CUDA, but one barrier or `.cuda()` there and
+#    every rank holds memory on GPU 0; binding first leaves no such gap. `init_process_group(..., device_id=torch.device("cuda", local_rank))`
+#    (torch ≥ 2.3) binds the group too: barrier uses that device, and NCCL connects at once, so a broken
+#    setup fails in `init_process_group`, not at the first collective;
 # 3. `dist.init_process_group(backend, init_method="env://")` — rank, world size and meeting point come from
 #    the variables the launcher set;
 # 4. wrap the model: `DDP(model, device_ids=[local_rank])` (no `device_ids` on CPU); DDP copies rank 0's
@@ -203,11 +211,39 @@ assert "nccl needs one GPU per rank" in too_many
 print("ok: DDP losses", [round(l, 4) for l in losses], "= single device", [round(l, 4) for l in single_losses],
       f"(same samples, same order, same global batch of 32); held-out accuracy {accuracy:.3f}")
 
+# %% uninterrupted [markdown]
+# ## 4 · What an uninterrupted run does next
+# A resumed job is right when it continues exactly as if nothing had stopped. The single-device model above
+# is still here: one more epoch of it (epoch 2) is the loss a correct resume must give. The optimizer is part
+# of the state: SGD with `momentum=0.9` carries a momentum buffer per parameter, and a resume that reloads
+# the model but starts a fresh optimizer (empty buffers) takes smaller steps at first and ends the epoch
+# elsewhere. Both, from the same weights:
+
+# %% uninterrupted-code
+import copy
+
+def one_more_epoch(model, opt):
+    order.set_epoch(epochs)
+    total = 0.0
+    for xb, yb in loader:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward(); opt.step()
+        total += loss.item() * len(xb)
+    return total / len(data)
+
+restarted = copy.deepcopy(model)                 # the weights of the checkpoint, a fresh optimizer
+without_optimizer = one_more_epoch(restarted, torch.optim.SGD(restarted.parameters(), lr=0.1, momentum=0.9))
+uninterrupted = one_more_epoch(model, opt)       # the same model and optimizer, going on
+print(f"epoch {epochs}: uninterrupted {uninterrupted:.4f}; model restored but a fresh optimizer {without_optimizer:.4f}")
+assert abs(without_optimizer - uninterrupted) > 3e-3, (without_optimizer, uninterrupted)  # the momentum matters
+
 # %% exercise [markdown]
 # ## Exercise
 # Resume training: start a second job that loads `ckpt.pt` on every rank **before** wrapping with DDP, and
 # restores the optimizer too (its momentum is part of the training state: without it the next steps differ
-# from an uninterrupted run), trains one more epoch, and prints the loss.
+# from an uninterrupted run), trains one more epoch (`sampler.set_epoch(ckpt["epochs"])`, the same batches
+# as above), and prints the loss. It should equal the uninterrupted run's.
 #
 # Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
 # is still wrong. The solution is folded in between (click its bar to open it).
@@ -249,5 +285,32 @@ dist.destroy_process_group()
 
 # %% check-answer tags=["check"]
 assert "resumed" in globals(), "✗ nothing to check yet: your cell should end with --pull resumed@0"
-assert resumed < losses[-1], f"✗ the resumed epoch's loss {resumed:.4f} is not below the last one before the checkpoint ({losses[-1]:.4f}): did every rank load the model (before DDP) and the optimizer?"
-print(f"✓ training went on from the checkpoint: loss {losses[-1]:.4f} -> {resumed:.4f}")
+assert abs(resumed - without_optimizer) > 1e-3, f"✗ the resumed epoch's loss {resumed:.4f} is that of a fresh optimizer ({without_optimizer:.4f}), not the uninterrupted run's {uninterrupted:.4f}: restore the momentum too, opt.load_state_dict(ckpt['optimizer'])"
+assert resumed < losses[-1], f"✗ the resumed epoch's loss {resumed:.4f} is not below the last one before the checkpoint ({losses[-1]:.4f}): did every rank load the model, before DDP(...)?"
+assert abs(resumed - uninterrupted) < 1e-3, f"✗ the resumed epoch's loss {resumed:.4f} is not the uninterrupted run's {uninterrupted:.4f}: same model, optimizer, sampler epoch ({epochs}) and global batch (32)?"
+print(f"✓ training went on from the checkpoint as if never stopped: loss {losses[-1]:.4f} -> {resumed:.4f} "
+      f"(uninterrupted {uninterrupted:.4f}; a fresh optimizer would give {without_optimizer:.4f})")
+
+# %% mistake tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull resumed@0 -- --out $out_dir
+import argparse, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
+from nbddp.datasets import digits
+args = argparse.ArgumentParser(); args.add_argument("--out"); args = args.parse_args()
+dist.init_process_group("gloo")
+data = TensorDataset(*digits("train"))
+model = torch.nn.Linear(64, 10)
+ckpt = torch.load(f"{args.out}/ckpt.pt")
+model.load_state_dict(ckpt["model"])
+model = DDP(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # the optimizer's state is not loaded
+sampler = DistributedSampler(data, seed=0); sampler.set_epoch(ckpt["epochs"])
+stats = torch.zeros(2)
+for xb, yb in DataLoader(data, batch_size=32 // dist.get_world_size(), sampler=sampler):
+    opt.zero_grad(); loss = torch.nn.functional.cross_entropy(model(xb), yb); loss.backward(); opt.step()
+    stats += torch.tensor([loss.item() * len(xb), len(xb)])
+dist.all_reduce(stats)
+resumed = (stats[0] / stats[1]).item()
+dist.destroy_process_group()
+# expect: ✗ .*fresh optimizer
