@@ -10,6 +10,11 @@ digits, ``-``, ``_``; unique in the lesson): it becomes the cell's id, so insert
 no other cell's id. The build hides the source of every ``solution`` cell (``jupyter.source_hidden``,
 as JupyterLab and Notebook 7 show it: a bar to click open); papermill still runs it.
 
+A cell tagged ``mistake`` is what a learner typically types wrong in the exercise cell, and its last
+line, ``# expect: REGEX``, what the check must then say (its ``✗`` message matches REGEX). It stays out
+of the notebook learners get; the lesson runner (notebooks/lessonrun.py) tries it, and the exercise left
+as given, against the check, which must fail on both.
+
 jupytext reads the sources (the ``test`` extra has it), so an author can also open a source in
 JupyterLab as a notebook (right-click, Open With > Jupytext Notebook) and save edits into it.
 """
@@ -38,12 +43,10 @@ def notebook_name(source: str) -> str:
     return os.path.basename(source)[:-3] + ".ipynb"
 
 
-def read_lesson(source: str) -> nbformat.NotebookNode:
-    """One source as the notebook it builds to; a cell without a valid, unique name is an error."""
+def _named_cells(source: str) -> list[nbformat.NotebookNode]:
+    """Every cell of a source, its name as its id; a cell without a valid, unique name is an error."""
     text = jupytext.reads(open(source, encoding="utf-8").read(), fmt="py:percent")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata.update(kernelspec=dict(KERNELSPEC), language_info={"name": "python"})
-    seen = set()
+    seen, cells = set(), []
     for i, cell in enumerate(text.cells):
         name = cell.metadata.pop("title", "")
         where = f"{os.path.basename(source)}, cell {i + 1} ({cell.source.strip()[:40]!r})"
@@ -59,9 +62,33 @@ def read_lesson(source: str) -> nbformat.NotebookNode:
             built.metadata["tags"] = list(tags)
         if "solution" in tags:
             built.metadata["jupyter"] = {"source_hidden": True}
-        nb.cells.append(built)
+        cells.append(built)
+    return cells
+
+
+def read_lesson(source: str) -> nbformat.NotebookNode:
+    """One source as the notebook it builds to (its ``mistake`` cells left out)."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.update(kernelspec=dict(KERNELSPEC), language_info={"name": "python"})
+    nb.cells = [c for c in _named_cells(source) if "mistake" not in c.metadata.get("tags", [])]
     nbformat.validate(nb)
     return nb
+
+
+EXPECT = re.compile(r"\n# expect: (.+)\Z")
+
+
+def mistakes(source: str) -> list[tuple[str, str, str]]:
+    """The lesson's typical wrong answers: (cell name, cell source, the regex its ✗ message must match)."""
+    found = []
+    for cell in _named_cells(source):
+        if "mistake" in cell.metadata.get("tags", []):
+            expect = EXPECT.search(cell.source.rstrip())
+            if cell.cell_type != "code" or not expect:
+                raise ValueError(f"{os.path.basename(source)}, cell {cell.id}: a mistake is a code cell whose "
+                                 "last line is '# expect: REGEX' (what the check's ✗ message then says)")
+            found.append((cell.id, cell.source, expect.group(1).strip()))
+    return found
 
 
 def render(nb: nbformat.NotebookNode) -> str:

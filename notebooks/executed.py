@@ -56,11 +56,34 @@ def interpreter_kernel(folder: str):
             os.environ["JUPYTER_PATH"] = old
 
 
-def execute(src: str, dst: str, kernel_name: str, cwd: str) -> None:
-    """Run one lesson headless, as tests/test_notebooks.py and this script do."""
+def _sibling(name: str):
+    """notebooks/NAME.py as a module, however this file was loaded (script, test, import)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lessons_" + name, os.path.join(HERE, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ExerciseCheckError(AssertionError):
+    """A lesson's check passed (or said the wrong thing) on the exercise as given or on a typical mistake."""
+
+
+def execute(src: str, dst: str, kernel_name: str, cwd: str, source: str | None = None) -> None:
+    """Run one lesson headless, as tests/test_notebooks.py and this script do: under papermill, with
+    its exercise check tried on the exercise as given and on each of its source's mistakes
+    (notebooks/lessonrun.py); a check that does not fail on those raises ExerciseCheckError.
+    ``source``: the lesson's source, when not notebooks/src/NAME.py."""
     import papermill
-    papermill.execute_notebook(src, dst, kernel_name=kernel_name, cwd=cwd, progress_bar=False,
-                               request_save_on_cell_execute=False, execution_timeout=180)
+    lessonrun, build = _sibling("lessonrun"), _sibling("build")
+    source = source or os.path.join(build.SOURCES, os.path.basename(src)[:-6] + ".py")
+    mistakes = build.mistakes(source) if os.path.exists(source) else []
+    nb = papermill.execute_notebook(src, dst, kernel_name=kernel_name, cwd=cwd, progress_bar=False,
+                                    request_save_on_cell_execute=False, execution_timeout=180,
+                                    engine_name=lessonrun.ENGINE, mistakes=[list(m) for m in mistakes])
+    wrong = lessonrun.failures(nb)
+    if wrong:
+        raise ExerciseCheckError(f"{os.path.basename(src)}: " + "; ".join(wrong))
 
 
 def scrub_text(text: str) -> str:
@@ -92,6 +115,7 @@ def _scrub_value(value):
 def scrub(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """The executed notebook without machine paths, process ids or timings."""
     nb.metadata.pop("papermill", None)
+    nb.metadata.pop("nbddp", None)  # the exercise probes' outcome (notebooks/lessonrun.py): a test's, not a reader's
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}  # not the runner's
     for cell in nb.cells:
         cell.metadata.pop("papermill", None)
