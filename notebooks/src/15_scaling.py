@@ -8,16 +8,18 @@
 # and the all-reduce grows with the **model** (every gradient, every step), not with the batch: a ring
 # all-reduce sends about 2·(N−1)/N × the gradients' bytes from every rank (lesson 03). So a model with much
 # compute per parameter scales well, and one with little (a wide, shallow layer; a small batch per rank) does
-# not. And devices must really be there: ranks that share cores only take turns. This lesson measures all of
-# it on this CPU machine, draws one DDP step as a timeline, and ends with what a larger global batch does to
-# the learning rate.
+# not. And devices must really be there: ranks that share cores only take turns. This lesson measures the
+# parts on this CPU machine (the work per rank, the communication; the speed-up itself needs a core per rank
+# that nothing else uses, which a shared 2-core machine cannot promise), draws one DDP step as a timeline, and
+# ends with what a larger global batch does to the learning rate.
 #
 # Every model trains on `nbddp.datasets.digits()`: 1,797 real handwritten digits (8×8 pixels, 10 classes).
 
 # %% parameters tags=["parameters"]
 world_size = 2
 rank_counts = [1, 2, 4]
-steps = 20
+steps = 30
+repeats = 5
 epochs = 3
 
 # %% load-ext
@@ -29,23 +31,31 @@ if hasattr(os, "getloadavg"):   # timings are only as good as the machine is qui
     print(f"load average {os.getloadavg()[0]:.1f}: processes wanting a core, on average, over the last minute")
 
 # %% throughput [markdown]
-# ## 1 · Throughput vs ranks, and what a step is made of
+# ## 1 · Weak scaling: the work per rank, the cost of communication
 # One function, run as a job on 1, 2 and 4 ranks (`nbddp.run(fn, n=...)` returns each rank's return value).
 # Each rank uses **one** thread (`torch.set_num_threads(1)`: a rank is one core, as a rank is one GPU), takes
 # a batch of 32 digits per step (so the global batch grows with the ranks: *weak scaling*), and measures two
 # models: a **small** MLP (64→96→10, 7 K parameters, 28 KB of gradients) and a **wide** one
-# (64→512→512→512→10, 0.56 M parameters, 2.15 MB). For each it times
-# - `steps` DDP training steps: the job's throughput (samples per second over all ranks);
-# - the same steps under `no_sync()` (no all-reduce): the compute alone;
+# (64→512→512→512→10, 0.56 M parameters, 2.15 MB). For each it times, after warm-up steps,
+# - `steps` steps under `no_sync()` (no all-reduce): the compute, as **CPU time** of the rank's thread
+#   (`time.thread_time()`: the work it did) and as **wall time** (what it took, waiting for a core included);
+#   the median of `repeats` runs;
+# - the same steps as real DDP steps (wall time);
 # - one `all_reduce` of all the gradients, alone: the communication. It is the fastest of 30, the two
-#   models' all-reduces taken in turn, so both meet the same load: on a busy machine most calls include
-#   waiting for a peer that the OS has not scheduled yet.
+#   models' all-reduces taken in turn, so both meet the same load.
+#
+# **What this machine cannot show** is the speed-up itself. N ranks give N× the samples per second only when
+# each rank has a device (here: a core) of its own for the whole run. This machine has 2 cores, and other
+# programs use them too (the test suite runs three lessons at a time; the executed copy in docs/lessons was
+# made on such a busy machine), so a 2-rank job may get close to 2× or not at all, and 4 ranks on 2 cores
+# cannot get it. The job's throughput is printed below for what it is, one reading of a shared machine; the
+# lesson asserts only what holds however busy the machine is.
 
 # %% throughput-code
 import nbddp
 
-def measure(steps):
-    import time, torch, torch.distributed as dist
+def measure(steps, repeats):
+    import statistics, time, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from nbddp.datasets import digits
     torch.set_num_threads(1)
@@ -70,17 +80,21 @@ def measure(steps):
                     with model.no_sync():
                         torch.nn.functional.cross_entropy(model(xb), yb).backward()
                 opt.step()
-        train(3, True)                                   # warm up: DDP settles its buckets
-        times = {}
-        for sync in (True, False):
+        train(3, True); train(3, False)                  # warm up, outside the timing
+        wall, cpu, step = [], [], []
+        for _ in range(repeats):
+            dist.barrier(); t0, c0 = time.perf_counter(), time.thread_time()
+            train(steps, False)                          # compute only
+            wall.append(time.perf_counter() - t0); cpu.append(time.thread_time() - c0)
             dist.barrier(); t0 = time.perf_counter()
-            train(steps, sync)
-            dist.barrier(); times[sync] = time.perf_counter() - t0
+            train(steps, True)                           # real DDP steps
+            step.append(time.perf_counter() - t0)
         grads[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
-        seen = torch.tensor([steps * 32.0]); dist.all_reduce(seen)
-        out[name] = {"samples_per_s": seen.item() / times[True], "step_ms": times[True] / steps * 1e3,
-                     "compute_ms": times[False] / steps * 1e3,
-                     "grad_mb": grads[name].numel() * 4 / 2**20, "samples": seen.item()}
+        seen = torch.tensor([float(steps * 32)]); dist.all_reduce(seen)      # samples of one run, all ranks
+        out[name] = {"samples_per_step": 32, "job_samples": seen.item(),
+                     "cpu_ms": statistics.median(cpu) / steps * 1e3, "wall_ms": statistics.median(wall) / steps * 1e3,
+                     "step_ms": statistics.median(step) / steps * 1e3, "grad_mb": grads[name].numel() * 4 / 2**20}
+        out[name]["job_samples_per_s"] = seen.item() / statistics.median(step)
         del model, opt                   # DDP before its process group
     reduce_s = {name: [] for name in grads}
     for _ in range(30):                  # small, wide, small, wide, ...: the same moments for both
@@ -91,49 +105,69 @@ def measure(steps):
     dist.destroy_process_group()
     return out
 
-scaling = {n: nbddp.run(measure, n=n, args=(steps,), timeout=120, sinks=[]).values[0] for n in rank_counts}
+scaling = {n: nbddp.run(measure, n=n, args=(steps, repeats), timeout=120, sinks=[]).values for n in rank_counts}
 for name in ("small", "wide"):
-    for n, v in scaling.items():
-        m = v[name]
-        print(f"{name:5} ({m['grad_mb']:.2f} MB of gradients) on {n} rank(s): {m['samples_per_s']:7.0f} samples/s; "
-              f"a step {m['step_ms']:6.2f} ms = compute {m['compute_ms']:6.2f} ms + all-reduce {m['allreduce_ms']:6.2f} ms alone")
+    for n, per_rank in scaling.items():
+        m = per_rank[0][name]
+        print(f"{name:5} ({m['grad_mb']:.2f} MB of gradients), {n} rank(s), rank 0: compute {m['cpu_ms']:5.2f} ms CPU "
+              f"in {m['wall_ms']:5.2f} ms wall per step; all-reduce alone {m['allreduce_ms']:5.2f} ms; "
+              f"a DDP step {m['step_ms']:5.2f} ms; the job: {m['job_samples_per_s']:6.0f} samples/s")
 
 # %% throughput-plot
 import matplotlib.pyplot as plt
 fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.8))
-for i, name in enumerate(("small", "wide")):
-    one = scaling[rank_counts[0]][name]["samples_per_s"]
-    a.plot(rank_counts, [scaling[n][name]["samples_per_s"] / one for n in rank_counts], "o-", color=f"C{i}",
-           label=f"{name} ({scaling[1][name]['grad_mb']:.2f} MB of gradients)")
-a.plot(rank_counts, rank_counts, "k:", label="ideal (N×)")
-a.axvline(cores, color="0.6", linestyle="--"); a.annotate(f" {cores} cores", (cores, 1), color="0.4")
-a.set_xlabel("ranks"); a.set_ylabel("throughput / 1 rank's"); a.set_xticks(rank_counts); a.legend(fontsize=8)
-a.set_title("weak scaling: batch 32 per rank")
 labels, x = [], 0
 for name in ("small", "wide"):
     for n in rank_counts:
-        m = scaling[n][name]
-        b.bar(x, m["compute_ms"], color="C0", label="compute (no_sync)" if x == 0 else None)
-        b.bar(x, m["allreduce_ms"], bottom=m["compute_ms"], color="C3", label="all-reduce of the gradients" if x == 0 else None)
-        b.plot(x, m["step_ms"], "k_", markersize=18, label="a measured DDP step" if x == 0 else None)
+        m = scaling[n][0][name]
+        a.bar(x - 0.2, m["cpu_ms"], width=0.4, color="C0", label="CPU time (the work)" if x == 0 else None)
+        a.bar(x + 0.2, m["wall_ms"], width=0.4, color="C1", label="wall time (the wait for a core too)" if x == 0 else None)
         labels.append(f"{name}\n{n} rank{'s' * (n > 1)}"); x += 1
-b.set_xticks(range(len(labels)), labels, fontsize=8); b.set_ylabel("ms per step"); b.legend(fontsize=8)
-b.set_title("what a step costs")
+a.set_xticks(range(len(labels)), labels, fontsize=8); a.set_yscale("log"); a.set_ylabel("ms per step, rank 0 (log)")
+a.legend(fontsize=8); a.set_title(f"compute per step and rank: the same work at every N ({cores} cores)")
+for i, name in enumerate(("small", "wide")):
+    counts = [n for n in rank_counts if n > 1]
+    b.plot(counts, [scaling[n][0][name]["allreduce_ms"] for n in counts], "o-", color=f"C{i + 2}",
+           label=f"{name}: {scaling[1][0][name]['grad_mb']:.2f} MB of gradients")
+b.set_xticks(counts); b.set_xlabel("ranks"); b.set_ylim(0); b.set_ylabel("all_reduce of the gradients (ms)")
+b.legend(fontsize=8); b.set_title("communication grows with the model, not the batch")
 fig.tight_layout(); plt.show()
 
+# %% throughput-assert
+small = {n: scaling[n][0]["small"] for n in rank_counts}
+wide = {n: scaling[n][0]["wide"] for n in rank_counts}
+for n, per_rank in scaling.items():        # weak scaling: 32 samples per rank and step, N × 32 for the job
+    assert len(per_rank) == n and all(v[m]["job_samples"] == n * steps * 32 for v in per_rank for m in v), (n, per_rank)
+for n in rank_counts:                      # the same work per rank at every N (CPU time: within 2× for the wide
+    assert 0.5 < wide[n]["cpu_ms"] / wide[1]["cpu_ms"] < 2, (n, wide)      # model, 3× for the small one's short runs)
+    assert 0.33 < small[n]["cpu_ms"] / small[1]["cpu_ms"] < 3, (n, small)
+if cores <= 2 and 4 in rank_counts:        # 4 ranks on 2 cores take turns: wall time >= 1.4 × the work
+    assert all(v["wide"]["wall_ms"] > 1.4 * v["wide"]["cpu_ms"] for v in scaling[4]), scaling[4]
+assert wide[2]["allreduce_ms"] > small[2]["allreduce_ms"], (small[2], wide[2])   # 78× the bytes
+assert wide[1]["cpu_ms"] > 3 * small[1]["cpu_ms"], (small[1], wide[1])
+print("as the text says: the same work per rank at every world size; with 4 ranks on", cores, "cores a rank's "
+      f"step takes {min(v['wide']['wall_ms'] / v['wide']['cpu_ms'] for v in scaling[4]):.1f}× its CPU time or more; "
+      f"the wide model's all-reduce {wide[2]['allreduce_ms']:.2f} ms vs the small one's {small[2]['allreduce_ms']:.2f} ms")
+
 # %% throughput-reading [markdown]
-# How to read it. The **small** model's gradients are a few KB: its all-reduce costs tens of microseconds,
-# and with 2 free cores the 2-rank job gets close to 2×. When other programs want the cores too (a load
-# average above the core count, printed at the top; the executed copy in docs/lessons was made on a shared,
-# busy machine), every number is slower and noisier, and a rank that the OS does not run holds up the
-# others at the next all-reduce: measure scaling on a quiet machine, several times. The **wide** model's
-# all-reduce moves megabytes every step and is a visible slice of the step (DDP hides part of it behind
-# backward, section 2, so the measured step is often less than the sum). On **4 ranks with 2 cores** the
-# ranks take turns on the cores: each step's compute is as slow as if done twice over, the all-reduce has to
-# wait for a rank that is not running, and throughput stops growing or falls. The same happens on GPUs
-# when the interconnect (PCIe instead of NVLink, Ethernet between nodes) is slow next to the compute: the
-# cure is fewer, larger all-reduces (`no_sync()` accumulation, lesson 08; larger buckets), more compute per
-# step (a larger per-rank batch), or sharding (FSDP, lesson 14) when memory, not speed, is the limit.
+# How to read it. **Left**: a rank's CPU time per step is the same on 1, 2 and 4 ranks: weak scaling keeps each
+# rank's work constant and multiplies the job's samples per step by N. The wall time is that work plus the
+# time the rank waited for a core: on **4 ranks with 2 cores** the ranks take turns, and a step takes about
+# twice its CPU time or more; even on 1 or 2 ranks the wall time exceeds the CPU time whenever other programs
+# want the same cores. A speed-up needs the first bar to stay as low as the second, on every rank, at once.
+# **Right**: the all-reduce moves every gradient every step, so it grows with the **model**: the wide
+# model's 2.15 MB cost more than the small one's 28 KB, whatever the batch. (It is measured alone here, the
+# fastest of 30: the cost of the bytes. A real DDP step, printed above, is often longer than compute plus that
+# on a busy machine: a rank that waits for its peer sleeps, and the OS wakes it late. On free cores
+# backward hides part of the all-reduce instead, section 2.) The small model's CPU times are short (a few
+# milliseconds per run) and so noisier than the wide one's.
+#
+# On real hardware the same two quantities decide: a model with much compute per parameter scales well; one
+# with little (a wide, shallow layer; a small batch per rank), or a slow interconnect (PCIe instead of
+# NVLink, Ethernet between nodes), does not. The cure is fewer, larger all-reduces (`no_sync()`
+# accumulation, lesson 08; larger buckets), more compute per step (a larger per-rank batch), or sharding
+# (FSDP, lesson 14) when memory, not speed, is the limit. Measure speed-ups on devices that nothing else
+# uses, several times.
 
 # %% timeline [markdown]
 # ## 2 · One DDP step, as a timeline
@@ -288,16 +322,6 @@ fig.tight_layout(); plt.show()
 # ## Check
 
 # %% check-code
-for n, v in scaling.items():
-    for name, m in v.items():
-        assert m["samples"] == n * steps * 32, (n, name, m)                       # weak scaling: 32 per rank per step
-        assert m["samples_per_s"] > 0 and m["compute_ms"] > 0, (n, name, m)
-assert abs(scaling[1]["wide"]["grad_mb"] - 2.15) < 0.01 and scaling[1]["small"]["grad_mb"] < 0.03, scaling[1]
-two = scaling[2]
-# 78× the bytes; on a quiet machine ~10× the time, on a busy one both are mostly waiting for the peer to be
-# scheduled (measured one after the other, the small one's fastest of 20 was once 3.0 ms against the wide one's 2.0)
-assert two["wide"]["allreduce_ms"] > two["small"]["allreduce_ms"], two      # communication grows with the model
-assert two["wide"]["compute_ms"] > two["small"]["compute_ms"], two
 for r, per_rank in enumerate(events):
     compute = {what: (start, end) for kind, what, start, end in per_rank if kind == "compute"}
     buckets = [(start, end) for kind, _, start, end in per_rank if kind == "all-reduce"]
@@ -307,8 +331,7 @@ for r, per_rank in enumerate(events):
 unscaled, scaled = curves[0.1], curves[0.8]
 assert scaled[-1] < unscaled[-1], (scaled, unscaled)
 assert abs(scaled[-1] - baseline[-1]) < abs(unscaled[-1] - baseline[-1]), (baseline, scaled, unscaled)
-print(f"ok: {len(rank_counts)} world sizes measured; the wide model's all-reduce "
-      f"{two['wide']['allreduce_ms']:.2f} ms vs the small one's {two['small']['allreduce_ms']:.3f} ms on 2 ranks; "
+print(f"ok: {len(rank_counts)} world sizes measured (section 1); "
       f"buckets reduced during backward; last-epoch loss: baseline {baseline[-1]:.3f}, "
       f"batch 128 with lr 0.1 {unscaled[-1]:.3f}, with lr 0.8 {scaled[-1]:.3f}")
 
@@ -363,3 +386,33 @@ assert abs(lr - 0.1 * 8 ** 0.5) < 0.01, f"✗ the learning rate was {lr}, not 0.
 assert len(mine) == epochs, f"✗ {len(mine)} epochs, not {epochs}: pass --epochs $epochs"
 assert scaled[-1] < mine[-1] < unscaled[-1], f"✗ its last loss {mine[-1]:.3f} is not between the linear rule's {scaled[-1]:.3f} and the unscaled {unscaled[-1]:.3f}: same model, seed, sampler and batch 128?"
 print(f"✓ √k scaling lands in between: last-epoch loss {unscaled[-1]:.3f} (lr 0.1) > {mine[-1]:.3f} (lr {lr}) > {scaled[-1]:.3f} (lr 0.8)")
+
+# %% mistake tags=["mistake"]
+# %%ddp -n $world_size --timeout 90 --pull sqrt_curves@0 -- --epochs $epochs --lrs 0.141
+import argparse, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
+from nbddp.datasets import digits
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int); parser.add_argument("--lrs", type=float, nargs="+")
+args = parser.parse_args()
+dist.init_process_group("gloo")
+train = TensorDataset(*digits("train"))
+sqrt_curves = {}
+for lr in args.lrs:                       # 0.1 × √2: the square root of the number of ranks, not of the batch's growth (8)
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    sampler = DistributedSampler(train, seed=0)
+    sqrt_curves[lr] = []
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        stats = torch.zeros(2)
+        for xb, yb in DataLoader(train, batch_size=128 // dist.get_world_size(), sampler=sampler):
+            opt.zero_grad(); loss = torch.nn.functional.cross_entropy(model(xb), yb); loss.backward(); opt.step()
+            stats += torch.tensor([loss.item() * len(xb), len(xb)])
+        dist.all_reduce(stats)
+        sqrt_curves[lr].append((stats[0] / stats[1]).item())
+    del model
+dist.destroy_process_group()
+# expect: ✗ the learning rate was 0\.141
