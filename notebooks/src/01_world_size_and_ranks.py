@@ -41,12 +41,8 @@ seen = {"RANK": int(os.environ["RANK"]), "WORLD_SIZE": int(os.environ["WORLD_SIZ
 print(seen)
 dist.destroy_process_group()
 
-# %% every-rank-reads-who-note [markdown]
-# `--pull seen` brings each rank's `seen` back into the notebook: a list indexed by rank, so the check below
-# reads values, not printed text.
-
 # %% every-rank-reads-who-code
-for rank, s in enumerate(seen):
+for rank, s in enumerate(seen):          # `seen` came back from every rank (--pull seen), indexed by rank
     assert s["RANK"] == s["get_rank()"] == rank and s["WORLD_SIZE"] == s["get_world_size()"] == world_size, s
 ports = {s["meeting point"] for s in seen}
 assert len(ports) == 1, ports          # every rank meets at the same address:port
@@ -66,6 +62,18 @@ layout = {k: int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "L
 for me in layout:
     print(f"node {me['GROUP_RANK']}  local_rank {me['LOCAL_RANK']}  ->  rank {me['RANK']}"
           f" = {me['GROUP_RANK']} x {me['LOCAL_WORLD_SIZE']} + {me['LOCAL_RANK']}")
+
+# %% local-rank-is-not-rank [markdown]
+# > **"`LOCAL_RANK` = `RANK`"**, as some articles put it, holds on one machine only (and on node 0 of any job).
+# > On node 1 above, rank 2 has local rank 0. Code that picks its GPU with `RANK` asks node 1 for `cuda:2` and
+# > `cuda:3` on a 2-GPU machine; code that passes `rank=LOCAL_RANK` to `init_process_group` gives ranks 0 and 1
+# > twice, and ranks 2 and 3, which every process waits for at the start, never come. `LOCAL_RANK` picks the
+# > device, `RANK` says who you are in the job.
+
+# %% local-rank-is-not-rank-code
+differ = [m["RANK"] for m in layout if m["RANK"] != m["LOCAL_RANK"]]
+print("ranks whose LOCAL_RANK is not their RANK:", differ)
+assert bool(differ) == (nnodes > 1), differ      # equal everywhere only on a single node
 
 # %% simulated-nodes-layout-note [markdown]
 # The same as a picture: one row per node, one box per process.
@@ -98,28 +106,54 @@ print("ok: global rank = node_rank x nproc_per_node + local_rank for every rank"
 # %% exercise [markdown]
 # ## Exercise
 # A job runs on 3 machines with 2 processes each. Which global rank has local rank 1 on node 2, and what is
-# the world size? Work it out, then confirm it with a `%%ddp` cell on 3 simulated nodes.
+# the world size? Work it out and write the two numbers down as `answer_rank` and `answer_world`; then confirm
+# them by simulating the job: a `%%ddp` cell on 3 nodes of 2 processes in which every rank sets
+# `who = (GROUP_RANK, LOCAL_RANK)` (ints, from `os.environ`), pulled back with `--pull who`.
 #
 # Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
 # is still wrong. The solution is folded in between (click its bar to open it).
 
 # %% try-it tags=["exercise"]
-# Your answer: which rank, what world size? Then confirm it in a cell that starts with
-#   %%ddp --nnodes 3 --nproc-per-node 2 --timeout 60 --pull me@5
-# where every rank sets `me` to its GROUP_RANK, LOCAL_RANK and WORLD_SIZE (ints, from os.environ).
+# answer_rank = ...     # the global rank of local rank 1 on node 2
+# answer_world = ...    # the world size
+# then, in a new cell:
+#   %%ddp --nnodes 3 --nproc-per-node 2 --timeout 60 --pull who
 
 # %% solution [markdown]
 # ### Solution
 # Folded: click the bar below (or its ⋯) to open it.
 
+# %% solution-answers tags=["solution"]
+answer_rank = 2 * 2 + 1      # node_rank x nproc_per_node + local_rank: nodes 0 and 1 hold ranks 0-3
+answer_world = 3 * 2         # nnodes x nproc_per_node
+
 # %% solution-ddp tags=["solution"]
-# %%ddp --nnodes 3 --nproc-per-node 2 --ranks 5 --timeout 60 --pull me@5
+# %%ddp --nnodes 3 --nproc-per-node 2 --ranks 5 --timeout 60 --pull who
 import os
-me = {k: int(os.environ[k]) for k in ("GROUP_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE")}
-print(f"node {me['GROUP_RANK']} local {me['LOCAL_RANK']} -> rank {me['RANK']} of {me['WORLD_SIZE']}")
+who = (int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"]))
+print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}: node {who[0]}, local rank {who[1]}")
 
 # %% check-answer tags=["check"]
-assert "me" in globals(), "✗ nothing to check yet: your cell should end with --pull me@5 (rank 5's `me`)"
-assert me["WORLD_SIZE"] == 6, f"✗ world size {me['WORLD_SIZE']}: 3 nodes x 2 processes per node make 6"
-assert (me["GROUP_RANK"], me["LOCAL_RANK"]) == (2, 1), f"✗ rank 5 runs on node {me['GROUP_RANK']} as local rank {me['LOCAL_RANK']}: 2 x 2 + 1 = 5 needs node 2, local rank 1"
-print("✓ local rank 1 on node 2 is global rank 2 x 2 + 1 = 5, in a world of 3 x 2 = 6")
+assert "answer_rank" in globals() and "answer_world" in globals(), "✗ nothing to check yet: set answer_rank and answer_world"
+assert answer_world == 6, f"✗ world size {answer_world}: WORLD_SIZE counts the processes of every machine, 3 x 2 = 6"
+assert answer_rank != 1, "✗ rank 1 is the LOCAL_RANK: the global rank also counts the processes of nodes 0 and 1 before node 2"
+assert answer_rank != 2 * 3 + 1, "✗ rank 7 is node_rank x nnodes + local_rank (and there is no rank 7 among 6): ranks are numbered machine by machine, so multiply the node rank by nproc_per_node"
+assert answer_rank == 5, f"✗ rank {answer_rank}: global rank = node_rank x nproc_per_node + local_rank"
+assert "who" in globals() and len(who) == 6, "✗ now confirm it: simulate the job with %%ddp --nnodes 3 --nproc-per-node 2 ... --pull who"
+assert tuple(who[answer_rank]) == (2, 1), f"✗ the simulated rank {answer_rank} says node {who[answer_rank][0]}, local rank {who[answer_rank][1]}: set who = (GROUP_RANK, LOCAL_RANK)"
+print("✓ local rank 1 on node 2 is global rank 2 x 2 + 1 = 5, in a world of 3 x 2 = 6; the simulated job agrees")
+
+# %% mistake tags=["mistake"]
+answer_rank = 1              # LOCAL_RANK taken for the global rank
+answer_world = 6
+# expect: ✗ rank 1 is the LOCAL_RANK
+
+# %% mistake-times-nnodes tags=["mistake"]
+answer_rank = 2 * 3 + 1      # node_rank x nnodes + local_rank
+answer_world = 6
+# expect: ✗ rank 7 is node_rank x nnodes
+
+# %% mistake-world-is-nnodes tags=["mistake"]
+answer_rank = 5
+answer_world = 3             # the number of machines, not of processes
+# expect: ✗ world size 3
