@@ -4,23 +4,14 @@
 # **Accumulation** (梯度累积): a big batch does not fit, so run `k` micro-batches and step once. With DDP,
 # every `backward()` all-reduces gradients — wasted for the first `k-1` micro-batches. Inside
 # `with model.no_sync():` DDP only accumulates locally; the last `backward()` outside it syncs everything.
-# The result must equal one step on the **whole global batch** — we check exactly that.
-#
-# Two things the article's accumulation loop leaves out, and this lesson adds:
-# 1. it calls `loss.backward()` on every micro-batch **without `no_sync()`**: correct numbers, but `k`
-#    all-reduces per step instead of one;
-# 2. it does **not divide the loss by `k`**: gradients add up over the micro-batches, so the step is `k`
-#    times too big (as if the learning rate were `k ×` larger). `loss / k` makes the sum the mean.
-#
-# And one the article's wording hides: the **forward** must run inside `no_sync()` too. DDP decides in
-# `forward()` whether the coming backward synchronises; a forward outside with only `backward()` inside
-# still all-reduces (section 1 measures it).
+# The result must equal one step on the **whole global batch** — we check exactly that. Two details make it
+# so: each micro-batch's loss is divided by `k` (the gradients of `k` backwards **add up**; `loss / k` makes
+# the sum a mean), and the **forward** runs inside `no_sync()` too (DDP decides in `forward()` whether the
+# coming backward synchronises; section 1 measures a forward outside with only `backward()` inside).
 #
 # **Mixed precision** (混合精度): on CPU, `torch.autocast("cpu", dtype=torch.bfloat16)` runs matmuls in
 # bfloat16 while the weights stay float32. The classic recipe is fp16 + `GradScaler` (scales the loss so
 # small fp16 gradients do not underflow); `torch.amp.GradScaler("cpu")` runs it here too (section 3).
-# The article's `torch.cuda.amp.autocast()` / `torch.cuda.amp.GradScaler()` are deprecated: use
-# `torch.autocast("cuda", ...)` and `torch.amp.GradScaler("cuda")`.
 
 # %% parameters tags=["parameters"]
 world_size = 2
@@ -33,9 +24,15 @@ accum = 4
 # ## 1 · `no_sync` gives the big-batch gradient, with one all-reduce instead of `accum`
 # A DDP comm hook counts how often DDP all-reduces: it is called **once per gradient bucket** each time DDP
 # synchronises (DDP packs gradients into buckets of `bucket_cap_mb`, 25 MB by default; this model fits in
-# one, lesson 12 shows more). A plain copy of the model computes the big-batch gradient. Three ways to
-# accumulate: `no_sync` around forward and backward, no `no_sync` at all (the article's loop, with the loss
-# divided by `accum`), and `no_sync` around the backward only.
+# one, lesson 12 shows more). A plain copy of the model computes the big-batch gradient. Four ways to
+# accumulate: `no_sync` around forward and backward, no `no_sync` at all (with the loss divided by `accum`),
+# `no_sync` around the backward only, and the articles' loop (no `no_sync`, the loss not divided).
+#
+# > **What the articles get wrong.** Their accumulation loop calls `loss.backward()` on every micro-batch
+# > without `no_sync()` and without dividing the loss by `k`. The first costs `k` all-reduces per step
+# > instead of one (below: `accum` hook calls, not 1); the second makes the gradient the **sum** of `k`
+# > micro-batch gradients, `k` times the big batch's (below: `|grad| / |big batch grad|` = `accum`), as if
+# > the learning rate were `k` times larger.
 
 # %% no_sync-gives-big-batch-ddp
 # %%ddp -n $world_size --timeout 60 --pull results -- $accum
@@ -70,13 +67,14 @@ def run(how):
                 loss.backward()
         else:
             with quiet if how == "no_sync" else contextlib.nullcontext():
-                loss = F.mse_loss(model(xb), yb) / accum
+                loss = F.mse_loss(model(xb), yb) / (1 if how == "articles' loop" else accum)
                 loss.backward()
     F.mse_loss(reference(X), Y).backward()        # one step on the whole global batch, no DDP
-    err = max((p.grad - q.grad).abs().max().item() for p, q in zip(model.module.parameters(), reference.parameters()))
-    return {"hook calls": len(buckets), "buckets": len(set(buckets)), "max grad diff": err}
+    got, big = (torch.cat([p.grad.flatten() for p in m.parameters()]) for m in (model.module, reference))
+    return {"hook calls": len(buckets), "buckets": len(set(buckets)),
+            "max grad diff": (got - big).abs().max().item(), "grad / big batch grad": (got.norm() / big.norm()).item()}
 
-results = {how: run(how) for how in ("no_sync", "no no_sync", "backward only in no_sync")}
+results = {how: run(how) for how in ("no_sync", "no no_sync", "backward only in no_sync", "articles' loop")}
 for how, r in results.items():
     print(f"{how:25} {r}")
 dist.destroy_process_group()
@@ -85,7 +83,7 @@ dist.destroy_process_group()
 for rank, per_how in enumerate(results):                  # --pull results: one dict per rank
     for how, r in per_how.items():
         print(f"rank {rank} {how:25}: {r['hook calls']} all-reduce call(s) over {r['buckets']} bucket(s), "
-              f"max |grad - big batch grad| = {r['max grad diff']:.1e}")
+              f"|grad| / |big batch grad| = {r['grad / big batch grad']:.4f}, max |grad - big batch grad| = {r['max grad diff']:.1e}")
 
 # %% bfloat16-autocast-on-cpu [markdown]
 # ## 2 · bfloat16 autocast on CPU
@@ -121,7 +119,11 @@ dist.destroy_process_group()
 # gradients by it before the step, and when a gradient is `inf`/`nan` **skips the step and halves the
 # scale** (here the first steps overflow fp16 by themselves: the scale finds its level). One step below is
 # given an infinite loss on purpose: the weights do not move and the scale halves.
-# The deprecated spellings are called too, to show their warnings.
+#
+# > **Dated in the articles.** `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()` are deprecated
+# > since torch 2.4 (a `FutureWarning`; torch 2.13's `torch/cuda/amp/*.py` are thin wrappers that say so):
+# > write `torch.amp.autocast("cuda", ...)` (or `torch.autocast`) and `torch.amp.GradScaler("cuda")`, the
+# > spelling that also works for `"cpu"`. The cell below calls the old ones to show their warnings.
 
 # %% fp16-gradscaler-on-cpu-ddp
 # %%ddp -n $world_size --timeout 60 --pull scaled@0
@@ -152,6 +154,7 @@ scaled["last loss"] = loss.item()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     torch.cuda.amp.GradScaler()
+    torch.cuda.amp.autocast()
 scaled["deprecated"] = [str(w.message).split(" instead")[0] for w in caught if "deprecated" in str(w.message)]
 if dist.get_rank() == 0:
     print(scaled)
@@ -195,56 +198,140 @@ for a in amp:
     assert a["last"] < a["first"] / 2, a                                # bf16 autocast still trains
 for per_how in results:
     quiet, chatty, half = per_how["no_sync"], per_how["no no_sync"], per_how["backward only in no_sync"]
-    assert all(r["max grad diff"] < 1e-5 for r in per_how.values()), per_how   # all equal the big batch
+    assert all(per_how[h]["max grad diff"] < 1e-5 for h in ("no_sync", "no no_sync", "backward only in no_sync")), per_how
     assert quiet["buckets"] == 1 and quiet["hook calls"] == 1            # one bucket, synced once
     assert chatty["hook calls"] == accum * quiet["hook calls"], per_how  # no_sync saved accum-1 all-reduces
     assert half["hook calls"] == chatty["hook calls"], per_how           # forward outside no_sync: no saving
+    articles = per_how["articles' loop"]
+    assert articles["hook calls"] == accum and abs(articles["grad / big batch grad"] - accum) < 1e-4, articles
 assert scaled["scale at start"] == 65536.0, scaled
 assert scaled["scale after the inf step"] == scaled["scale before the inf step"] / 2, scaled      # halved
-assert not scaled["weights moved on the inf step"] and scaled["deprecated"], scaled
+assert not scaled["weights moved on the inf step"], scaled
+assert [d.split("(")[0] for d in scaled["deprecated"]] == ["`torch.cuda.amp.GradScaler", "`torch.cuda.amp.autocast"], scaled
 print("ok: no_sync accumulation == big batch, with", results[0]["no_sync"]["hook calls"], "instead of",
       results[0]["no no_sync"]["hook calls"], "all-reduce calls; GradScaler skipped the overflowing step")
 
 # %% exercise [markdown]
 # ## Exercise
-# Accumulate over `accum` micro-batches with `no_sync()` **and** bfloat16 autocast, then check on every rank
-# that the weights after the step are identical across ranks (`all_gather` a checksum).
+# Accumulate over `accum` micro-batches with `no_sync()` **and** bfloat16 autocast, and show on every rank that
+# 1. DDP all-reduced **once** for the step (count with a comm hook, as in section 1): `calls`;
+# 2. the gradient before `opt.step()` is the **whole global batch's** (the check computes it itself, so use
+#    these): `torch.manual_seed(0)` then `model = DDP(torch.nn.Linear(6, 1))`;
+#    `X = torch.randn(world * accum, 8, 6, generator=torch.Generator().manual_seed(0))`; rank `r`'s micro-batch
+#    `i` is `X[r * accum + i]`, and its loss `model(xb).float().pow(2).mean()`. Report
+#    `grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()`;
+# 3. after `opt.step()` the weights are identical across ranks (`all_gather` a checksum): `identical`.
 #
 # Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
 # is still wrong. The solution is folded in between (click its bar to open it).
 
 # %% try-it tags=["exercise"]
 # Your accumulation here, in a cell that starts with
-#   %%ddp -n $world_size --timeout 60 --pull identical -- $accum
-# where each rank sets `identical` to whether all ranks' weight checksums are equal after the step.
+#   %%ddp -n $world_size --timeout 60 --pull calls,grad,identical -- $accum
 
 # %% solution [markdown]
 # ### Solution
 # Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
-# %%ddp -n $world_size --timeout 60 --pull identical -- $accum
-import contextlib, sys, torch, torch.distributed as dist, torch.nn.functional as F
+# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical -- $accum
+import contextlib, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 dist.init_process_group("gloo")
 rank, world, accum = dist.get_rank(), dist.get_world_size(), int(sys.argv[1])
 torch.manual_seed(0)
 model = DDP(torch.nn.Linear(6, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
-g = torch.Generator().manual_seed(rank)
+calls = 0
+def counting(state, bucket):
+    global calls
+    calls += 1
+    return allreduce_hook(state, bucket)
+model.register_comm_hook(None, counting)
+X = torch.randn(world * accum, 8, 6, generator=torch.Generator().manual_seed(0))
 for i in range(accum):
     ctx = model.no_sync() if i < accum - 1 else contextlib.nullcontext()
-    with ctx:
+    with ctx:                                     # forward and backward inside no_sync
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(torch.randn(8, 6, generator=g))
+            out = model(X[rank * accum + i])
         (out.float().pow(2).mean() / accum).backward()
+grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
 opt.step()
 checksum = torch.tensor([sum(p.sum().item() for p in model.parameters())])
 every = [torch.zeros(1) for _ in range(world)]; dist.all_gather(every, checksum)
 identical = all(torch.equal(e, every[0]) for e in every)
-print(f"replicas identical: {identical}")
+print(f"{calls} all-reduce call(s); replicas identical: {identical}")
 dist.destroy_process_group()
 
 # %% check-answer tags=["check"]
-assert "identical" in globals(), "✗ nothing to check yet: your cell should end with --pull identical"
+assert all(n in globals() for n in ("calls", "grad", "identical")), "✗ nothing to check yet: your cell should end with --pull calls,grad,identical"
+import torch
+torch.manual_seed(0)
+big = torch.nn.Linear(6, 1)                       # the same weights as every rank's model
+X_all = torch.randn(world_size * accum, 8, 6, generator=torch.Generator().manual_seed(0))
+big(X_all.reshape(-1, 6)).pow(2).mean().backward()   # the whole global batch, float32, no DDP
+want = torch.cat([p.grad.flatten() for p in big.parameters()])
+assert all(c == 1 for c in calls), f"✗ DDP all-reduced {max(calls)} times for one step (per rank: {calls}): run the first accum-1 micro-batches, forward and backward, inside model.no_sync()"
+ratio = torch.tensor(grad[0]).norm().item() / want.norm().item()
+assert all(torch.allclose(torch.tensor(g), want, rtol=0.03, atol=1e-3) for g in grad), (
+    f"✗ the gradient is {ratio:.2f}× the whole batch's: divide each micro-batch's loss by accum" if abs(ratio - accum) < 0.2
+    else f"✗ the gradient is not the whole batch's ({grad[0]} vs {want.tolist()}): the model, data and loss as the exercise gives them?")
 assert all(identical), f"✗ ranks {[r for r, i in enumerate(identical) if not i]} see different weights: the last micro-batch must run outside no_sync() so its backward all-reduces"
-print("✓ no_sync() accumulation with bfloat16 autocast leaves identical replicas")
+print(f"✓ one all-reduce for {accum} micro-batches, the whole batch's gradient (bfloat16 within 3%), identical replicas")
+
+# %% mistake-no-no_sync tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical -- $accum
+import sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+dist.init_process_group("gloo")
+rank, world, accum = dist.get_rank(), dist.get_world_size(), int(sys.argv[1])
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(6, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+calls = 0
+def counting(state, bucket):
+    global calls
+    calls += 1
+    return allreduce_hook(state, bucket)
+model.register_comm_hook(None, counting)
+X = torch.randn(world * accum, 8, 6, generator=torch.Generator().manual_seed(0))
+for i in range(accum):                            # every backward syncs: no no_sync()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(X[rank * accum + i])
+    (out.float().pow(2).mean() / accum).backward()
+grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
+opt.step()
+checksum = torch.tensor([sum(p.sum().item() for p in model.parameters())])
+every = [torch.zeros(1) for _ in range(world)]; dist.all_gather(every, checksum)
+identical = all(torch.equal(e, every[0]) for e in every)
+dist.destroy_process_group()
+# expect: ✗ DDP all-reduced 4 times
+
+# %% mistake-not-divided tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical -- $accum
+import contextlib, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+dist.init_process_group("gloo")
+rank, world, accum = dist.get_rank(), dist.get_world_size(), int(sys.argv[1])
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(6, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+calls = 0
+def counting(state, bucket):
+    global calls
+    calls += 1
+    return allreduce_hook(state, bucket)
+model.register_comm_hook(None, counting)
+X = torch.randn(world * accum, 8, 6, generator=torch.Generator().manual_seed(0))
+for i in range(accum):
+    with model.no_sync() if i < accum - 1 else contextlib.nullcontext():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(X[rank * accum + i])
+        out.float().pow(2).mean().backward()      # the loss not divided by accum
+grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
+opt.step()
+checksum = torch.tensor([sum(p.sum().item() for p in model.parameters())])
+every = [torch.zeros(1) for _ in range(world)]; dist.all_gather(every, checksum)
+identical = all(torch.equal(e, every[0]) for e in every)
+dist.destroy_process_group()
+# expect: ✗ the gradient is 4\.\d\d× the whole batch's
