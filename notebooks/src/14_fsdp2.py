@@ -85,7 +85,14 @@ for r in range(world_size):
 # %% uneven-note [markdown]
 # With 2 ranks every dim 0 divides evenly. When it does not (10 output rows on 4 ranks), FSDP2 gives
 # ranks `ceil(10/4) = 3` rows each until the rows run out (3, 3, 3, 1) and pads the pieces to one size for
-# the collectives; `to_local()` shows the unpadded piece.
+# the collectives; `to_local()` shows the unpadded piece. The split is `torch.chunk`'s (torch 2.13,
+# `fsdp/_fully_shard/_fsdp_param.py`, with empty pieces for ranks past the last row):
+
+# %% uneven-code
+import torch
+uneven = [len(piece) for piece in torch.chunk(torch.arange(10), 4)]
+print("10 rows on 4 ranks:", uneven)
+assert uneven == [3, 3, 3, 1], uneven
 
 # %% train [markdown]
 # ## 2 · Training with FSDP equals training on one device
@@ -219,12 +226,38 @@ print(f"ok: every parameter a Shard(0) DTensor of 1/{world_size} the rows; FSDP 
       [round(l, 4) for l in losses], "= one device's", [round(l, 4) for l in single_losses],
       f"; test accuracy {accuracy:.3f}; one checkpoint file per rank, loaded whole into a plain model")
 
+# %% uninterrupted [markdown]
+# ## 4 · What an uninterrupted run does next
+# A resume is right when it goes on exactly as if nothing had stopped. The one-device model of section 2 is
+# still in the notebook: one more epoch of it (epoch 3) is the loss a correct resume must give. The optimizer
+# is part of the state: SGD with `momentum=0.9` keeps a momentum buffer per parameter (in the FSDP job, a
+# shard of one), and a resume that loads the model but starts a fresh optimizer takes other steps:
+
+# %% uninterrupted-code
+import copy
+
+def one_more_epoch(model, opt):
+    order.set_epoch(epochs)
+    total = 0.0
+    for xb, yb in DataLoader(train, batch_size=64, sampler=order):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward(); opt.step()
+        total += loss.item() * len(xb)
+    return total / len(train)
+
+restarted = copy.deepcopy(model)                 # the checkpoint's weights, a fresh optimizer
+without_optimizer = one_more_epoch(restarted, torch.optim.SGD(restarted.parameters(), lr=0.1, momentum=0.9))
+uninterrupted = one_more_epoch(model, opt)       # the same model and optimizer, going on
+print(f"epoch {epochs}: uninterrupted {uninterrupted:.4f}; model restored but a fresh optimizer {without_optimizer:.4f}")
+assert abs(without_optimizer - uninterrupted) > 3e-3, (without_optimizer, uninterrupted)  # the momentum matters
+
 # %% exercise [markdown]
 # ## Exercise
 # Resume from the distributed checkpoint in a new job: build the model, `fully_shard` it as before, make the
 # optimizer, then take `get_state_dict(model, opt)` as the templates to load into, `dcp.load` the checkpoint
 # into them (each rank reads only the pieces of its own shards), `set_state_dict(model, opt, ...)`, and
-# train one more epoch (`sampler.set_epoch(epochs)`).
+# train one more epoch (`sampler.set_epoch(epochs)`). Its loss should be the uninterrupted run's.
 #
 # Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
 # is still wrong. The solution is folded in between (click its bar to open it).
@@ -271,6 +304,38 @@ dist.destroy_process_group()
 
 # %% check-answer tags=["check"]
 assert "resumed" in globals(), "✗ nothing to check yet: your cell should end with --pull resumed@0"
-assert resumed < 1.0, f"✗ the resumed epoch's loss {resumed:.4f} is that of a model trained from scratch: did dcp.load fill the templates, and set_state_dict put them into the model?"
-assert resumed < losses[-1], f"✗ the resumed epoch's loss {resumed:.4f} is not below the last one before the checkpoint ({losses[-1]:.4f}): was the optimizer (momentum) restored too?"
-print(f"✓ training went on from the distributed checkpoint: loss {losses[-1]:.4f} -> {resumed:.4f}")
+assert resumed < losses[-1], f"✗ the resumed epoch's loss {resumed:.4f} is not below the last one before the checkpoint ({losses[-1]:.4f}): did dcp.load fill the templates, and set_state_dict put them into the model?"
+assert abs(resumed - without_optimizer) > 1e-3, f"✗ the resumed epoch's loss {resumed:.4f} is that of a fresh optimizer ({without_optimizer:.4f}), not the uninterrupted run's {uninterrupted:.4f}: load the optimizer's state too (get_state_dict(model, opt), both into dcp.load and set_state_dict)"
+assert abs(resumed - uninterrupted) < 1e-3, f"✗ the resumed epoch's loss {resumed:.4f} is not the uninterrupted run's {uninterrupted:.4f}: same model, optimizer, sampler epoch ({epochs}) and global batch (64)?"
+print(f"✓ training went on from the distributed checkpoint as if never stopped: loss {losses[-1]:.4f} -> {resumed:.4f} "
+      f"(uninterrupted {uninterrupted:.4f}; a fresh optimizer would give {without_optimizer:.4f})")
+
+# %% mistake tags=["mistake"]
+# %%ddp -n $world_size --timeout 90 --pull resumed@0 -- --epoch $epochs --out $out_dir
+import argparse, torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import TensorDataset, DataLoader, DistributedSampler
+from nbddp.datasets import digits
+parser = argparse.ArgumentParser(); parser.add_argument("--epoch", type=int); parser.add_argument("--out")
+args = parser.parse_args()
+dist.init_process_group("gloo")
+model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
+for layer in (model[0], model[2]):
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model_state = get_model_state_dict(model)                           # the model only: the momentum starts empty
+dcp.load({"model": model_state}, checkpoint_id=f"{args.out}/dcp")
+set_model_state_dict(model, model_state)
+train = TensorDataset(*digits("train"))
+sampler = DistributedSampler(train, shuffle=True, seed=0); sampler.set_epoch(args.epoch)
+stats = torch.zeros(2)
+for xb, yb in DataLoader(train, batch_size=64 // dist.get_world_size(), sampler=sampler):
+    opt.zero_grad(); loss = torch.nn.functional.cross_entropy(model(xb), yb); loss.backward(); opt.step()
+    stats += torch.tensor([loss.item() * len(xb), len(xb)])
+dist.all_reduce(stats)
+resumed = (stats[0] / stats[1]).item()
+dist.destroy_process_group()
+# expect: ✗ .*fresh optimizer
