@@ -16,7 +16,7 @@
 # | `barrier()` | nobody continues until everybody has arrived |
 
 # %% parameters tags=["parameters"]
-world_size = 2
+world_size = 4        # a ring needs more than 2 ranks to show anything: with 2, "left" and "right" are the same rank
 
 # %% load-ext
 # %load_ext nbddp
@@ -242,3 +242,24 @@ assert "same" in globals(), "✗ nothing to check yet: your cell should end with
 assert len(same) == world_size, f"✗ {len(same)} values pulled for {world_size} ranks"
 assert same == [True] * world_size, f"✗ ranks {[r for r, s in enumerate(same) if not s]} got a list different from dist.all_gather's: send out[(rank - step) % world] to the next rank, receive out[(rank - step - 1) % world] from the previous"
 print("✓ the ring all_gather equals dist.all_gather on every rank")
+
+# %% mistake tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull same
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+
+def ring_all_gather(t):
+    out = [torch.empty_like(t) for _ in range(world)]
+    out[rank] = t.clone()
+    for step in range(world - 1):
+        req = dist.isend(out[rank], dst=(rank + 1) % world)       # always its own tensor, not the one just received
+        dist.recv(out[(rank - step - 1) % world], src=(rank - 1) % world)
+        req.wait()
+    return out
+
+t = torch.arange(3.0) + 10 * rank
+ref = [torch.empty_like(t) for _ in range(world)]; dist.all_gather(ref, t)
+same = all(torch.equal(a, b) for a, b in zip(ring_all_gather(t), ref))
+dist.destroy_process_group()
+# expect: ✗ ranks \[[0-9, ]+\] got a list different from dist\.all_gather
