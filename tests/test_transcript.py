@@ -92,7 +92,22 @@ def test_displays_rendered_in_html():
     page = transcript.render_html(c)
     assert '<img src="data:image/png;base64,iVBORw0KGgo="/>' in page and "<table><tr><td>1</td></tr></table>" in page
     assert "[2 rich outputs]" in transcript.render_text(c)
-    assert "<img" not in transcript.render_html(c, include_displays=False)
+    assert "<img" not in transcript.render_html(c, streamed=True)
+
+
+def test_after_text_mode_streamed_every_line_the_transcript_says_the_status_alone():
+    """A saved notebook carries each line once: text mode streamed them ([rankN]: lines), so the
+    transcript after them is the status (headline, logs, each rank's state), not the lines again."""
+    spec = make_spec(n=2)
+    c = _collector(spec, _result(2))
+    for r in range(2):
+        c.output(r, "stdout", f"the line of rank {r}\n".encode())
+    c.launch_finished(c.result)
+    streamed = transcript.bundle(c, streamed=True)
+    for form in ("text/plain", "text/html"):
+        assert "the line of rank" not in streamed[form], streamed[form]
+        assert "rank 0: ok" in streamed[form] and "rank 1: ok" in streamed[form], streamed[form]
+        assert "the line of rank 1" in transcript.bundle(c)[form]  # widgets' transcript: the lines are only here
 
 
 def test_sixteen_ranks_one_failure_said_once():

@@ -2,8 +2,8 @@
 
 ``--output widgets``: the live ipywidgets view (nbddp/views/widgetview.py), whose displayed bundle
 also carries the static transcript. ``--output text``: ``[rankN]:`` prefixed lines as they
-arrive, and, in a Jupyter kernel, a text/plain + text/html transcript at the end (so a
-papermill-run notebook keeps a per-rank transcript). ``--output auto`` decides per cell from
+arrive, and, in a Jupyter kernel, a text/plain + text/html status at the end (each rank's state
+and cause; the lines are above, so a papermill-run notebook keeps each line once). ``--output auto`` decides per cell from
 what the kernel has seen of the front end (nbddp/core/frontends.py): widgets where it renders
 them, else text with one line saying why (once per kernel).
 """
@@ -31,7 +31,7 @@ def choice(spec, shell=None) -> frontends.Choice:
 
 class TranscriptView(Sink):
     """Text mode's companion in a Jupyter kernel: rich output from the ranks as it arrives, and
-    the static per-rank transcript (text/plain + text/html) once the launch has ended."""
+    the static status (text/plain + text/html) once the launch has ended."""
 
     def __init__(self, spec, publish=None):
         from IPython.display import display
@@ -58,7 +58,7 @@ class TranscriptView(Sink):
 
     def launch_finished(self, result):
         self.c.launch_finished(result)
-        # the lines were streamed above as they came: here each rank's section starts folded
+        # the lines were streamed above as they came: the status alone here, each line once
         self._publish(transcript.bundle(self.c, streamed=True), raw=True,
                       metadata={"nbddp": {"transcript": True}})
 

@@ -313,21 +313,6 @@ def _section_name(collector: Collector, ranks: list, tail: Tail) -> tuple[str, s
     return f"{summary.label(ranks)}{same}", collector.result.log_dir
 
 
-def _without_traceback(lines: list, rank_result) -> list:
-    """A failed rank's lines with its traceback block said in one line: text mode streamed
-    it above, and a saved notebook's text should carry each traceback once."""
-    exc = rank_result.exception if rank_result is not None else None
-    tb = (exc or {}).get("traceback", "").rstrip("\n").splitlines()
-    if not tb:
-        return lines
-    texts = [terminal.plain(text) for _, text in lines]
-    for start in range(len(texts) - len(tb), -1, -1):
-        if texts[start:start + len(tb)] == tb:
-            said = ("stderr", f"[{exc.get('type', 'the')} traceback, {len(tb)} lines: in the rank's lines above]")
-            return lines[:start] + [said] + lines[start + len(tb):]
-    return lines
-
-
 def logs_kept(collector: Collector) -> str:
     """What a saved transcript says after the log folder: whether it outlives the kernel."""
     if collector.spec.log_dir:
@@ -354,8 +339,8 @@ def live_text(collector: Collector, hung=()) -> str:
 
 
 def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, streamed: bool = False) -> str:
-    """``streamed``: text mode showed every line above, so a failed rank's traceback is not
-    repeated here."""
+    """``streamed``: text mode showed every line and note above, so the ranks' lines are not said
+    again here (a saved notebook carries each line once): the status alone."""
     result = collector.result
     out = [headline(result, collector.finished), f"logs: {result.log_dir}{logs_kept(collector)}"]
     if _folded(result):
@@ -371,11 +356,9 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
     if result.remote:
         out.append(f"  {summary.label(result.remote)}: on other nodes (their output is shown there)")
     out += _silent_lines(collector)
-    for ranks, tail in _same_sections(collector):
+    for ranks, tail in ([] if streamed else _same_sections(collector)):
         rank, (name, log) = ranks[0], _section_name(collector, ranks, tail)
         lines = list(tail.lines)[-lines_per_rank:]
-        if streamed:
-            lines = _without_traceback(lines, result.rank(rank))
         out.append(f"--- {name} ({tail.total} line{'s' if tail.total != 1 else ''}) ---")
         if tail.total > len(lines):
             out.append(_hidden_note(tail, len(lines), f" (full log: {log})"))
@@ -468,10 +451,9 @@ def _display_html(bundle: dict) -> str:
     return f"<pre>{html.escape(str(bundle.get('text/plain', '')))}</pre>"
 
 
-def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
-                include_displays: bool = True, expanded: bool = True, notes: bool = True) -> str:
-    """``expanded=False`` folds each rank's lines, ``notes=False`` leaves nbddp's notes out (text
-    mode already streamed them above)."""
+def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, streamed: bool = False) -> str:
+    """``streamed``: text mode showed every line, rich output and note above, so the status
+    alone (a saved notebook carries each line once)."""
     result = collector.result
     out = ['<div class="nbddp-transcript">',
            f'<div><b>{html.escape(headline(result, collector.finished))}</b> '
@@ -483,7 +465,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
         if cause and (not folded or state in summary.CAUSING):
             out.append(f'<div class="nbddp-cause" style="color:{ERROR_TEXT}">{html.escape(summary.label(ranks))}: '
                        f'{html.escape(cause)}</div>')
-    for note in final_notes(collector.notes) if notes else ():
+    for note in () if streamed else final_notes(collector.notes):
         out.append(f'<pre style="{PRE_STYLE};color:{WARN_TEXT}">{html.escape(note)}</pre>')
     if result.remote:
         out.append(f'<div style="color:{MUTED}">{summary.label(result.remote)}: on other nodes '
@@ -491,14 +473,14 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
     failed = {r.rank for r in result.ranks if r.state in summary.CAUSING}
     for line in _silent_lines(collector):
         out.append(f'<div style="color:{MUTED}">{html.escape(line)}</div>')
-    sections = _same_sections(collector)
+    sections = [] if streamed else _same_sections(collector)
     # about as tall as the live view was: the failed ranks open (else the first, as the live
     # view showed it), the rest folded, each scrolled within SECTION_HEIGHT, its end in view
     opened = failed or (set(sections[0][0]) if sections else set())
     for ranks, tail in sections:
         rank, (name, log) = ranks[0], _section_name(collector, ranks, tail)
         lines = list(tail.lines)[-lines_per_rank:]
-        is_open = expanded and bool(opened & set(ranks))
+        is_open = bool(opened & set(ranks))
         words = status_words(result.rank(rank)) if len(ranks) == 1 else str(getattr(result.rank(rank), "state", ""))
         out.append(f'<details{" open" if is_open else ""}><summary>{html.escape(name)} — {html.escape(words)}'
                    f' ({tail.total} line{"s" if tail.total != 1 else ""})</summary>')
@@ -510,7 +492,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
                        f'</i></div>')
         first = tail.total - len(lines)          # the number of the first line shown
         at = 0
-        for after, bundle in (tail.displays if include_displays else ()):
+        for after, bundle in tail.displays:
             cut = min(max(after - first, at), len(lines))   # rich output after line `after`, in order
             if cut > at:
                 out.append(f'<pre style="{PRE_STYLE}">{lines_html(lines[at:cut])}</pre>')
@@ -525,11 +507,9 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES,
 
 def bundle(collector: Collector, streamed: bool = False) -> dict:
     """The static transcript as a mime bundle: text/plain and text/html. ``streamed``: text mode
-    already streamed every line and rich output above, so the HTML folds each rank's lines
-    (rich outputs left out) and the text says a failed rank's traceback in one line."""
+    already streamed every line, rich output and note above, so both say the status alone."""
     return {"text/plain": render_text(collector, streamed=streamed),
-            "text/html": render_html(collector, include_displays=not streamed, expanded=not streamed,
-                                     notes=not streamed)}
+            "text/html": render_html(collector, streamed=streamed)}
 
 
 __all__ = ["Tail", "Collector", "bundle", "render_text", "render_html", "chips_html",
