@@ -13,6 +13,7 @@ path in it.
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import re
@@ -102,13 +103,26 @@ def scrub_text(text: str) -> str:
     return text
 
 
-def _scrub_value(value):
+PLACEHOLDERS = ("<repo>", "<venv>", "<tmp>", "<host>")  # what scrub_text puts for a machine's paths and name
+
+
+def scrub_html(text: str) -> str:
+    """scrub_text for HTML: its placeholders escaped, or browsers and GitHub drop ``<tmp>`` as an
+    unknown tag and a path loses its start."""
+    text = scrub_text(text)
+    for placeholder in PLACEHOLDERS:
+        text = text.replace(placeholder, html.escape(placeholder))
+    return text
+
+
+def _scrub_value(value, scrub=scrub_text):
     if isinstance(value, str):
-        return scrub_text(value)
+        return scrub(value)
     if isinstance(value, list):
-        return [_scrub_value(v) for v in value]
+        return [_scrub_value(v, scrub) for v in value]
     if isinstance(value, dict):
-        return {k: (v if k.startswith("image/") else _scrub_value(v)) for k, v in value.items()}
+        return {k: (v if k.startswith("image/") else _scrub_value(v, scrub_html if k == "text/html" else scrub))
+                for k, v in value.items()}
     return value
 
 

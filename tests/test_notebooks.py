@@ -209,6 +209,9 @@ def test_every_lesson_has_an_executed_copy_of_its_current_cells_without_machine_
         assert all(c.execution_count for c in code) and any(c.outputs for c in code), f"{name}: not executed"
         assert not [o for c in code for o in c.outputs if o.output_type == "error"], f"{name}: an error"
         assert executed.machine_paths(copy) == [], f"{name}: {executed.machine_paths(copy)[:3]}"
+        pages = [o.data["text/html"] for c in code for o in c.outputs if "text/html" in o.get("data", {})]
+        raw = [m.group(0) for page in pages for m in re.finditer(r"<(?:repo|venv|tmp|host)>[^<\s]*", page)]
+        assert not raw, f"{name}: a placeholder a browser drops as a tag: {raw[:3]}"
         sizes += os.path.getsize(path)
     assert sizes < 4 * 2**20, f"the executed lessons take {sizes / 2**20:.1f} MiB"
 
@@ -228,6 +231,12 @@ def test_scrubbing_removes_what_belongs_to_the_machine():
     assert "./runs/13" in clean and "./ckpt.pt" in clean and "<repo>/nbddp/api.py" in clean, clean
     assert "31337" not in clean and "4242" not in clean, clean
     assert len(socket.gethostname()) <= 3 or socket.gethostname() not in clean, clean  # a name as short as "vm" stays
+    page = f'<code>{sys.prefix}/lib/x.py</code> and <code>/tmp/nbddp-ab12/launch-1</code>'
+    nb.cells[0].outputs = [nbformat.v4.new_output("display_data", data={"text/html": page, "text/plain": page})]
+    shown = executed.scrub(nb).cells[0].outputs[0].data
+    # in HTML the placeholders are text, not tags a browser drops with the path's start
+    assert shown["text/html"] == "<code>&lt;venv&gt;/lib/x.py</code> and <code>&lt;tmp&gt;/nbddp-XXXX/launch-1</code>", shown
+    assert shown["text/plain"] == "<code><venv>/lib/x.py</code> and <code><tmp>/nbddp-XXXX/launch-1</code>", shown
 
 
 def _pin(text):
