@@ -132,6 +132,34 @@ dist.destroy_process_group()
 # %% check-answer tags=["check"]
 assert "weighted" in globals() and "naive" in globals(), "✗ nothing to check yet: your cell should end with --pull naive@0,weighted@0"
 true_mean = sum((i * 0.1) ** 2 for i in range(N)) / N
-assert abs(weighted - true_mean) < 1e-5, f"✗ `weighted` is {weighted:.6f}, the true mean {true_mean:.6f}: all_reduce the sum of the losses and their count, then divide"
-assert N % world_size == 0 or abs(naive - true_mean) > 1e-4, f"✗ `naive` equals the true mean: it should be the mean of the ranks' means"
+shard_means = [sum((i * 0.1) ** 2 for i in range(r, N, world_size)) / len(range(r, N, world_size)) for r in range(world_size)]
+mean_of_means = sum(shard_means) / world_size
+if abs(weighted - true_mean) >= 1e-5:
+    assert abs(weighted - mean_of_means) >= 1e-5, f"✗ `weighted` is {weighted:.6f}, the mean of the ranks' means, not the true mean {true_mean:.6f}: shards of {[len(range(r, N, world_size)) for r in range(world_size)]} samples must count by their size: all_reduce the sum of the losses and their count, then divide"
+    assert abs(weighted - shard_means[0]) >= 1e-5, f"✗ `weighted` is {weighted:.6f}, rank 0's own mean, not the true mean {true_mean:.6f}: all_reduce the sum of the losses and their count over all ranks, then divide"
+    raise AssertionError(f"✗ `weighted` is {weighted:.6f}, the true mean {true_mean:.6f}: all_reduce the sum of the losses and their count, then divide")
+assert abs(naive - mean_of_means) < 1e-5, f"✗ `naive` is {naive:.6f}, not the mean of the ranks' means {mean_of_means:.6f}: all_reduce each rank's mean loss, then divide by the world size"
 print(f"✓ naive {naive:.6f} (shards of different sizes weigh the same), weighted {weighted:.6f} = true {true_mean:.6f}")
+
+# %% mistake-mean-of-means tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull naive@0,weighted@0 -- $N
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+N = int(sys.argv[1]); rank, world = dist.get_rank(), dist.get_world_size()
+losses = torch.tensor([(i * 0.1) ** 2 for i in range(rank, N, world)])
+naive = losses.mean().clone(); dist.all_reduce(naive); naive = naive.item() / world
+mean = losses.mean().clone(); dist.all_reduce(mean)
+weighted = mean.item() / world                    # the mean of the means again: each rank counts the same
+dist.destroy_process_group()
+# expect: ✗ `weighted` .* the mean of the ranks' means
+
+# %% mistake-rank0-only tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull naive@0,weighted@0 -- $N
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+N = int(sys.argv[1]); rank, world = dist.get_rank(), dist.get_world_size()
+losses = torch.tensor([(i * 0.1) ** 2 for i in range(rank, N, world)])
+naive = losses.mean().clone(); dist.all_reduce(naive); naive = naive.item() / world
+weighted = losses.sum().item() / len(losses)       # sum and count, but of this rank's shard only
+dist.destroy_process_group()
+# expect: ✗ `weighted` .* rank 0's own mean
