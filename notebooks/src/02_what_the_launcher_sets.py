@@ -1,7 +1,8 @@
 # %% title [markdown]
 # # 02 · What the launcher does (启动器做了什么)
 #
-# `torchrun` (and the older `python -m torch.distributed.launch`) does three things:
+# `torchrun` (and the older `python -m torch.distributed.launch`, which since torch 1.9 hands its arguments to
+# torchrun's own code) does three things:
 # 1. starts `nproc_per_node` copies of your script on each machine,
 # 2. gives each copy its **environment variables** (rank, world size, meeting point, …),
 # 3. watches them: if one fails, it stops the others (and can restart the job).
@@ -37,11 +38,8 @@ for k in sorted(mine):
 # | `TORCHELASTIC_*` | run id, restart count, error file (where a failing rank writes its traceback) |
 # | `OMP_NUM_THREADS=1` | when several ranks share a machine: stops them fighting over the cores |
 
-# %% full-environment-one-rank-note-2 [markdown]
-# `--pull mine` brought every rank's `mine` back (all ranks ran; `--ranks 0` only chose what is shown):
-
 # %% full-environment-one-rank-code
-envs = dict(enumerate(mine))
+envs = dict(enumerate(mine))          # every rank's `mine` (--pull mine; --ranks 0 only chose what is shown)
 local_keys = set().union(*(e.keys() for e in envs.values()))
 print(sorted(local_keys))
 
@@ -86,10 +84,18 @@ print(f"argv={sys.argv[1:]} -> args.local_rank={args.local_rank}")
 # %% legacy-launcher-local_rank-argv-note [markdown]
 # **What torch 2.x really does.** The articles' parser, with only `--local_rank`, run by the real
 # `torch.distributed.launch` of this torch: since 2.0 it passes `--local-rank=N` (with a dash), which that
-# parser rejects. Run for real below as two "nodes" on this machine (two launcher processes, `--nnodes 2`,
-# no `--master_port`), which also shows torch's **default port 29500**: a second job on the same node
-# with the same default collides (`EADDRINUSE`, lesson 06). With `--nnodes 1` and no port, torch ≥ 2.x
-# picks a free port by itself (a c10d rendezvous on `localhost:0`); `%%ddp` always picks a free one.
+# parser rejects. It runs for real below as two "nodes" on this machine (two launcher processes, `--nnodes 2`,
+# no `--master-port`), which also shows torch's **default port, 29500**; beside them, the same script under a
+# plain one-node `torchrun --nproc-per-node 1`, no port either.
+#
+# **The default port changed in torch 2.12.** Up to torch 2.11, every launch without `--master-port` met at
+# 29500, one node or many (`--master-port` had `default=29500` in `torch/distributed/run.py`), so two
+# single-node jobs on one machine collided: the second one fails with `EADDRINUSE` (lesson 06). Since torch 2.12
+# ([pytorch#175699](https://github.com/pytorch/pytorch/pull/175699), fixing
+# [#126510](https://github.com/pytorch/pytorch/issues/126510)), a launch of one node with no port, endpoint or
+# rendezvous backend given takes `--standalone`'s road: a c10d rendezvous at `localhost:0`, where the operating
+# system picks a free port. Several nodes with no port still meet at 29500: every node must know the port
+# before it starts. `%%ddp` picks a free one for every launch.
 
 # %% legacy-launcher-local_rank-argv-code
 import os, subprocess, sys
@@ -104,10 +110,16 @@ launch = [sys.executable, "-m", "torch.distributed.launch", "--nnodes", "2", "--
           "--master-addr", "127.0.0.1"]
 nodes = [subprocess.Popen(launch + ["--node-rank", str(i), "runs/02/old_parser.py"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) for i in range(2)]
+one_node = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                             "runs/02/old_parser.py"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 real_launch = [node.communicate(timeout=120)[0] for node in nodes]
+one_node_out = one_node.communicate(timeout=120)[0]
+print("python -m torch.distributed.launch --nnodes 2, node 0:")
 for line in real_launch[0].splitlines():
     if line.startswith(("MASTER_PORT", "old_parser.py: error")) or "deprecated" in line:
-        print(line.split(": ", 1)[1] if "FutureWarning" in line else line)   # the warning without its path
+        print("   ", line.split(": ", 1)[1] if "FutureWarning" in line else line)   # the warning without its path
+print("torchrun --nproc-per-node 1 (one node), no port:")
+print("   ", next(line for line in one_node_out.splitlines() if line.startswith("MASTER_PORT")))
 
 # %% legacy-launcher-local_rank-argv-note-2 [markdown]
 # The same script under `torchrun` gets no such argument at all — `args.local_rank` stays `-1`. And
@@ -127,6 +139,7 @@ parsed = {"args.local_rank": args.local_rank, "LOCAL_RANK": int(os.environ["LOCA
 print(f"argv={sys.argv[1:]} -> {parsed}; set_device({args.local_rank}) raised nothing")
 
 # %% legacy-launcher-local_rank-argv-code-2
+import torch
 for rank, p in enumerate(parsed):
     assert p == {"args.local_rank": -1, "LOCAL_RANK": rank}, p
 if any("EADDRINUSE" in out for out in real_launch):   # another job holds 29500 right now: the collision itself
@@ -134,7 +147,22 @@ if any("EADDRINUSE" in out for out in real_launch):   # another job holds 29500 
 else:
     assert all("MASTER_PORT 29500" in out for out in real_launch), real_launch
     assert all("unrecognized arguments: --local-rank=" in out for out in real_launch), real_launch
+one_node_port = int(next(line for line in one_node_out.splitlines() if line.startswith("MASTER_PORT")).split()[1])
+if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 12):
+    assert one_node_port != 29500, one_node_out            # a free port, chosen by the operating system
+else:
+    assert one_node_port == 29500, one_node_out            # torch <= 2.11: the default for one node too
+print(f"torch {torch.__version__}: several nodes without a port meet at 29500; one node at {one_node_port}")
 print("torch 2.x's launcher passes --local-rank=N, torchrun passes nothing; LOCAL_RANK is in the environment")
+
+# %% random-master-port [markdown]
+# > **"Pick a random `MASTER_PORT`"** (`MASTER_PORT=$((RANDOM + 10000))`, `random.randint(…)`), as articles
+# > advise against 29500, only makes a collision rarer: two jobs can draw the same number, the number can
+# > belong to a service that already listens there, and another process can take it between the draw and the
+# > bind. Let the operating system choose instead: port 0 means "any free port", taken in the same step.
+# > `torchrun --standalone` (any torch 2.x) or `--rdzv-endpoint localhost:0` does that, and since torch 2.12 a
+# > plain one-node `torchrun` without a port does too (above). Across machines every node must know the port
+# > before it starts: pass the same `--master-port`, free on node 0 and open in its firewall (lesson 07).
 
 # %% migration-torch-distributed-launch [markdown]
 # ### Migration `torch.distributed.launch` → `torchrun`
@@ -142,10 +170,22 @@ print("torch 2.x's launcher passes --local-rank=N, torchrun passes nothing; LOCA
 # | before | after |
 # |---|---|
 # | `python -m torch.distributed.launch --nproc_per_node=4 train.py` | `torchrun --nproc_per_node=4 train.py` |
-# | `... launch --use_env ...` (variables instead of argv) | the default in torchrun |
+# | `... launch --use_env ...` (variables instead of argv) | the only way in torchrun, which has no such flag |
 # | `parser.add_argument("--local_rank", type=int)`; `args.local_rank` | `local_rank = int(os.environ["LOCAL_RANK"])` |
 # | `--master_addr`, `--master_port`, `--nnodes`, `--node_rank` | the same options (torchrun also offers `--rdzv-endpoint`) |
-# | a failed rank: the others hang or are killed | torchrun stops all, writes the error file, can `--max-restarts` |
+# | a failed rank: the launcher stops the others | the same agent: since torch 1.9 `launch` calls torchrun's `run()`, so both stop all ranks, write the error file, accept `--max-restarts` |
+#
+# > **`--use_env`** told the old launcher to leave argv alone: the script reads `LOCAL_RANK` from the
+# > environment instead of getting `--local_rank=N`. torchrun made that the only way: `torch/distributed/run.py`
+# > adds `--local-rank=N` to argv only when `use_env` is false, and only `launch.py` defines the flag. In torch
+# > 2.13 `launch.py` still accepts `--use-env` / `--use_env` (off by default) and warns on every start that the
+# > module "is deprecated and will be removed in future" (the `FutureWarning` above). What is left of it:
+
+# %% migration-torch-distributed-launch-code
+import inspect
+import torch.distributed.launch as old_launcher, torch.distributed.run as torchrun_module
+assert old_launcher.run is torchrun_module.run       # the old launcher hands everything to torchrun's run()
+print(inspect.getsource(old_launcher.launch))
 
 # %% check [markdown]
 # ## Check
@@ -172,11 +212,14 @@ print("ok: %%ddp gives each rank the same variables as torchrun")
 
 # %% try-it tags=["exercise"]
 # Your parser here, as a string `both_ways` (a script whose ranks set `parsed` to the local rank they found),
-# run three ways, keeping what each run pulled:
+# run three ways, keeping what each run pulled, or the error when its ranks failed:
 #   parsed_by_launch = {}
 #   for how in ("--legacy-launch", "--legacy-launch underscore", ""):
-#       get_ipython().run_cell_magic("ddp", f"-n {world_size} {how} --timeout 60 --pull parsed", both_ways)
-#       parsed_by_launch[how] = parsed
+#       try:
+#           get_ipython().run_cell_magic("ddp", f"-n {world_size} {how} --timeout 60 --pull parsed", both_ways)
+#           parsed_by_launch[how] = parsed
+#       except Exception as failed:       # e.g. argparse rejected the argv and the ranks exited
+#           parsed_by_launch[how] = failed
 
 # %% solution [markdown]
 # ### Solution
@@ -193,12 +236,48 @@ print(f"local_rank={parsed}")
 '''
 parsed_by_launch = {}
 for how in ("--legacy-launch", "--legacy-launch underscore", ""):
-    get_ipython().run_cell_magic("ddp", f"-n {world_size} {how} --output text --timeout 60 --pull parsed", both_ways)
-    parsed_by_launch[how] = parsed
+    try:
+        get_ipython().run_cell_magic("ddp", f"-n {world_size} {how} --output text --timeout 60 --pull parsed", both_ways)
+        parsed_by_launch[how] = parsed
+    except Exception as failed:
+        parsed_by_launch[how] = failed
 
 # %% check-answer tags=["check"]
 assert "parsed_by_launch" in globals(), "✗ nothing to check yet: run your parser three ways into `parsed_by_launch`"
 assert len(parsed_by_launch) == 3, f"✗ {len(parsed_by_launch)} launches: run it with --legacy-launch, --legacy-launch underscore and neither"
 for how, got in parsed_by_launch.items():
-    assert got == list(range(world_size)), f"✗ launched with {how or 'no legacy flag'!r}, the ranks parsed local ranks {got}, not {list(range(world_size))}"
+    assert not isinstance(got, BaseException), f"✗ launched with {how or 'no legacy flag'!r}, the ranks exited with an error: the parser must accept both --local-rank=N and --local_rank=N"
+    assert got == list(range(world_size)), f"✗ launched with {how or 'no legacy flag'!r}, the ranks parsed local ranks {got}, not {list(range(world_size))}: without the flag, fall back to LOCAL_RANK"
 print("✓ the parser works with --local-rank=N, --local_rank=N and with LOCAL_RANK only")
+
+# %% mistake tags=["mistake"]
+both_ways = '''
+import argparse
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int, default=-1)      # the articles' parser
+parsed = parser.parse_args().local_rank
+'''
+parsed_by_launch = {}
+for how in ("--legacy-launch", "--legacy-launch underscore", ""):
+    try:
+        get_ipython().run_cell_magic("ddp", f"-n {world_size} {how} --output text --timeout 60 --pull parsed", both_ways)
+        parsed_by_launch[how] = parsed
+    except Exception as failed:
+        parsed_by_launch[how] = failed
+# expect: ✗ launched with '--legacy-launch', the ranks exited with an error
+
+# %% mistake-no-env-fallback tags=["mistake"]
+both_ways = '''
+import argparse
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", "--local-rank", type=int, default=0)   # both spellings, no LOCAL_RANK
+parsed = parser.parse_args().local_rank
+'''
+parsed_by_launch = {}
+for how in ("--legacy-launch", "--legacy-launch underscore", ""):
+    try:
+        get_ipython().run_cell_magic("ddp", f"-n {world_size} {how} --output text --timeout 60 --pull parsed", both_ways)
+        parsed_by_launch[how] = parsed
+    except Exception as failed:
+        parsed_by_launch[how] = failed
+# expect: ✗ launched with 'no legacy flag', the ranks parsed local ranks \[0(, 0)*\]
