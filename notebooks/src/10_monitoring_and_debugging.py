@@ -20,6 +20,11 @@ interactive = None  # Drill E's breakpoint: None = where someone can answer it (
 # `logging` writes every rank to `rank{N}.log` at INFO. On the screen, rank 0 logs at INFO and the others
 # at WARNING: one readable stream, and a problem on any rank still shows. (nbddp also keeps each rank's
 # full stdout/stderr in `--log-dir`; `--ranks 0` shows only rank 0 in the notebook while all ranks run.)
+#
+# > **Name the files by the global rank.** Many articles name them by `LOCAL_RANK`. On one node that is the
+# > same number; on two nodes each has a local rank 0, and on shared storage (NFS, Lustre: the usual
+# > cluster home) both write the same `rank0.log`, one over the other. `dist.get_rank()` (or `RANK`) is
+# > unique in the job; put the host name in too if you like.
 
 # %% per-rank-log-files-ddp
 # %%ddp -n $world_size --timeout 60 --log-dir $log_dir/nbddp -- $log_dir
@@ -94,13 +99,26 @@ print("trace files:", traces)
 #
 # | symptom | likely cause | what to do | drill |
 # |---|---|---|---|
-# | **OOM** (`CUDA out of memory`, `can't allocate memory`) | every rank on GPU 0 (`set_device` missing, after `init_process_group`, or `-1`: lesson 02, 04); batch too big *per rank*; rank 0 gathers everything | `torch.cuda.set_device(LOCAL_RANK)` first; lower the per-rank batch, accumulate (lesson 08), `bf16` | A |
+# | **OOM** (`CUDA out of memory`, `can't allocate memory`) | every rank on GPU 0 (`set_device` missing, or after a CUDA call; `-1`: lesson 02, 04; why: the note below); batch too big *per rank*; rank 0 gathers everything | `torch.cuda.set_device(LOCAL_RANK)` first (or `init_process_group(device_id=...)`); lower the per-rank batch, accumulate (lesson 08), `bf16` | A |
 # | **no speedup** with more ranks | no `DistributedSampler`: every rank trains on **all** the data; model too small: all-reduce dominates; ranks share cores (CPU) or one GPU | `DistributedSampler` + `set_epoch`; bigger per-rank work; profile (section 2) | B |
 # | **wrong metrics** (accuracy differs with world size) | metric from rank 0's shard only; padded sampler counts repeats; mean of means | `all_reduce` sums and counts (lesson 05) | C |
 # | **hang** (no output, 100 % or 0 % CPU) | a collective not called by all ranks, or in a different order; unequal number of batches | `--timeout` shows each rank's stack; `TORCH_DISTRIBUTED_DEBUG=DETAIL` names the mismatch | D |
 # | `MASTER_ADDR expected, but not set` | run with `python`, not a launcher | `torchrun` / `%%ddp` (lesson 06) | — |
 # | `Address already in use` (`EADDRINUSE`) | a port still held by another job, often the default 29500 | another `--master-port`, or let it choose (lesson 06) | — |
 # | `Distributed package doesn't have NCCL built in` | CPU-only torch | use gloo (lesson 09) | — |
+#
+# > **Why `set_device` first.** It is not that `init_process_group("nccl")` builds NCCL's communicator on the
+# > current device: without `device_id=` it builds none (torch 2.13, `torch/distributed/distributed_c10d.py`:
+# > initialisation is lazy), and the first collective makes it on the device of the **tensor** it is given,
+# > so a tensor on `cuda:LOCAL_RANK` is on the right GPU whatever the current device is. What uses the
+# > **current** device, GPU 0 until `set_device` says otherwise, is everything that names none: `.cuda()` and
+# > `device="cuda"`; `dist.barrier()` without `device_ids=` on a group bound to no device; the object
+# > collectives (`all_gather_object`, `broadcast_object_list`, ...: their pickled bytes go to
+# > `torch.cuda.current_device()` under NCCL); and any CUDA call at all, which creates a CUDA context (some
+# > hundreds of MB) on GPU 0 if nothing was set. So every rank that does one of these before `set_device`
+# > puts memory on GPU 0. `init_process_group(..., device_id=torch.device("cuda", local_rank))` binds the
+# > group to the device instead (barrier uses it; NCCL forms its communicator at once); set the current
+# > device too.
 
 # %% drill-out-memory-rank [markdown]
 # ### Drill A · out of memory: a rank fails, the others are stopped, the cause is named
@@ -118,35 +136,47 @@ assert "can't allocate memory" in oom.cause and "cell line 3" in oom.cause   # l
 
 # %% drill-b-no-speedup [markdown]
 # ### Drill B · no speedup: the forgotten `DistributedSampler`, and the cost of communication
-# One epoch over 2048 samples, batch 64 per rank: on 1 rank; on `world_size` ranks **without** a
+# One epoch over 2048 samples, batch 128 per rank: on 1 rank; on `world_size` ranks **without** a
 # `DistributedSampler` (the plain `DataLoader` gives every rank the whole data set: each rank does the
-# single-rank epoch's work, and the job is no faster — only more copies); and with it. Each rank also times
-# an all-reduce of its gradients, the communication DDP adds to every step. `nbddp.run(fn, n=...)` runs a
-# function as a job and returns each rank's return value in `.values`.
+# single-rank epoch's work, and the job is no faster, only more copies); and with it (each rank does its
+# share). Each rank runs one thread (`torch.set_num_threads(1)`), trains one epoch untimed first (the
+# first use of each operation is slow), then times 3 epochs and keeps the median, as **CPU time** of its
+# thread (`time.thread_time()`: the work it did, whatever else the machine runs) and as wall time. Each rank
+# also times an all-reduce of its gradients, the communication DDP adds to every step. `nbddp.run(fn, n=...)`
+# runs a function as a job and returns each rank's return value in `.values`.
 
 # %% drill-b-no-speedup-code
 def one_epoch(use_sampler):
-    import time, torch, torch.distributed as dist
+    import statistics, time, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    torch.set_num_threads(1)
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(2048, 64), torch.randn(2048, 1))
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                    torch.nn.ReLU(), torch.nn.Linear(512, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(data, batch_size=64, sampler=DistributedSampler(data) if use_sampler else None)
-    seen, t0 = 0, time.perf_counter()
-    for xb, yb in loader:
-        opt.zero_grad(); torch.nn.functional.mse_loss(model(xb), yb).backward(); opt.step()
-        seen += len(xb)
-    epoch = time.perf_counter() - t0
+    sampler = DistributedSampler(data) if use_sampler else None
+    loader = DataLoader(data, batch_size=128, sampler=sampler)
+    cpu, wall = [], []
+    for epoch in range(4):                       # epoch 0: warm-up, not timed
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        seen, t0, c0 = 0, time.perf_counter(), time.thread_time()
+        for xb, yb in loader:
+            opt.zero_grad(); torch.nn.functional.mse_loss(model(xb), yb).backward(); opt.step()
+            seen += len(xb)
+        if epoch:
+            cpu.append(time.thread_time() - c0); wall.append(time.perf_counter() - t0)
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     times = []
-    for _ in range(20):
+    for _ in range(21):
         t0 = time.perf_counter(); dist.all_reduce(grads); times.append(time.perf_counter() - t0)
     del model, opt                 # DDP first, then its process group (a DDP freed after it can hang)
     dist.destroy_process_group()
-    return {"samples": seen, "epoch_s": epoch, "all_reduce_ms": sorted(times)[10] * 1e3}
+    return {"samples": seen, "epoch_cpu_s": statistics.median(cpu), "epoch_s": statistics.median(wall),
+            "all_reduce_ms": statistics.median(times) * 1e3}
 
 runs = {}
 for label, n, use_sampler in (("1 rank", 1, True), (f"{world_size} ranks, no sampler", world_size, False),
@@ -154,8 +184,8 @@ for label, n, use_sampler in (("1 rank", 1, True), (f"{world_size} ranks, no sam
     runs[label] = nbddp.run(one_epoch, n=n, args=(use_sampler,), timeout=60, sinks=[]).values
 for label, values in runs.items():
     v = values[0]
-    print(f"{label:34} rank 0: {v['samples']:5} samples, epoch {v['epoch_s']:.3f} s, "
-          f"all_reduce of the grads {v['all_reduce_ms']:.3f} ms (median)")
+    print(f"{label:34} rank 0: {v['samples']:5} samples, epoch {v['epoch_cpu_s']:.3f} s CPU in {v['epoch_s']:.3f} s "
+          f"wall, all_reduce of the grads {v['all_reduce_ms']:.3f} ms (median)")
 
 # %% drill-b-no-speedup-code-2
 import matplotlib.pyplot as plt
@@ -163,16 +193,23 @@ labels = list(runs)
 fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.4))
 a.barh(labels, [runs[l][0]["samples"] for l in labels], color=["C0", "C3", "C2"])
 a.set_xlabel("samples each rank processes per epoch"); a.invert_yaxis()
-b.barh(labels, [runs[l][0]["epoch_s"] for l in labels], color=["C0", "C3", "C2"])
-b.set_xlabel("epoch time, rank 0 (s)"); b.invert_yaxis(); b.set_yticks([])
+b.barh(labels, [runs[l][0]["epoch_cpu_s"] for l in labels], color=["C0", "C3", "C2"])
+b.set_xlabel("one epoch's work on rank 0 (CPU seconds, median of 3)"); b.invert_yaxis(); b.set_yticks([])
 fig.suptitle("Forgetting DistributedSampler: every rank repeats the whole epoch"); fig.tight_layout(); plt.show()
 
 # %% drill-b-no-speedup-code-3
 one, no_sampler, sampled = (runs[l] for l in labels)
 assert all(v["samples"] == 2048 for v in one + no_sampler), "without a sampler every rank sees all 2048"
 assert all(v["samples"] == 2048 // world_size for v in sampled), "with it, each rank sees its share"
-if world_size > 1:     # communication is not free: the same all-reduce costs more between processes
+if world_size > 1:
+    for v in no_sampler:           # every rank repeats the whole epoch: the single rank's work, within 1.6×
+        assert 1 / 1.6 < v["epoch_cpu_s"] / one[0]["epoch_cpu_s"] < 1.6, (one, no_sampler)
+    for v in sampled:              # with the sampler, a rank's share: at most 0.75 of the whole (1/world_size)
+        assert v["epoch_cpu_s"] < 0.75 * one[0]["epoch_cpu_s"], (one, sampled)
+    # communication is not free: the same all-reduce costs more between processes
     assert min(v["all_reduce_ms"] for v in sampled) > one[0]["all_reduce_ms"], (one, sampled)
+    print(f"as the title says: without the sampler rank 0 works {no_sampler[0]['epoch_cpu_s'] / one[0]['epoch_cpu_s']:.2f}× "
+          f"the single rank's epoch, with it {sampled[0]['epoch_cpu_s'] / one[0]['epoch_cpu_s']:.2f}×")
 
 
 # %% drill-c-wrong-metrics [markdown]
@@ -270,8 +307,9 @@ print("ok: per-rank logs, per-rank profiles with the all-reduce, and the drills 
 
 # %% exercise [markdown]
 # ## Exercise
-# One rank is slow (it `sleep`s 0.2 s before each step). Profile all ranks: which rank shows **more** time
-# in `all_reduce`, the slow one or the others? Why?
+# Rank 0 is slow: it `sleep`s 0.2 s before each of 3 steps (a DDP model's forward and backward, then a
+# `barrier()`). Profile every rank: which shows **more** time in `all_reduce` and `barrier`, the slow rank
+# or the others? Why?
 #
 # Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
 # is still wrong. The solution is folded in between (click its bar to open it).
@@ -306,5 +344,23 @@ dist.destroy_process_group()
 assert "waits" in globals(), "✗ nothing to check yet: your cell should end with --pull waits"
 print(dict(enumerate(waits)))
 assert len(waits) == world_size, f"✗ {len(waits)} values for {world_size} ranks"
-assert world_size == 1 or min(waits[1:]) > waits[0], f"✗ the straggler (rank 0) waited {waits[0]:.1f} ms, the others {waits[1:]}: make rank 0 sleep before each step"
+if world_size > 1:     # rank 0 sleeps 3 × 200 ms: the others wait for it inside the collectives
+    assert min(waits[1:]) > 200, f"✗ the fast ranks waited only {min(waits[1:]):.1f} ms in all_reduce/barrier, less than one of rank 0's 200 ms sleeps: does rank 0 alone sleep, before each step, and do you sum the gloo:all_reduce and gloo:barrier events?"
+    assert waits[0] < 0.5 * min(waits[1:]), f"✗ the straggler (rank 0) waited {waits[0]:.1f} ms, the others {waits[1:]}: make rank 0 alone sleep before each step"
 print("✓ the fast ranks wait for the straggler inside the collective; the straggler hardly waits")
+
+# %% mistake tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --env KINETO_LOG_LEVEL=6 --pull waits
+import time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import profile, ProfilerActivity
+dist.init_process_group("gloo"); rank = dist.get_rank()
+model = DDP(torch.nn.Linear(64, 1))
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for step in range(3):
+        time.sleep(0.2)                     # meant for rank 0, but every rank sleeps: no one is late
+        model(torch.randn(8, 64)).sum().backward()
+        torch.distributed.barrier()
+waits = sum(e.cpu_time_total for e in prof.key_averages() if e.key in ("gloo:all_reduce", "gloo:barrier")) / 1e3
+dist.destroy_process_group()
+# expect: ✗ the fast ranks waited only
