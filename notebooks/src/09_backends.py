@@ -12,7 +12,8 @@
 
 # %% parameters tags=["parameters"]
 world_size = 2
-reps = 7
+reps = 5
+trials = 15        # each size is timed `trials` times (reps calls back to back), the sizes in turn; the best counts
 max_log2 = 20      # largest tensor: 2**20 floats = 4 MiB
 
 # %% load-ext
@@ -64,25 +65,31 @@ else:
 # ## 2 · Measured: gloo `all_reduce` time vs tensor size
 # Small tensors cost a fixed latency; large ones are limited by bandwidth. (This is why DDP packs gradients
 # into ~25 MB *buckets* instead of one all-reduce per parameter.)
+#
+# Each rank runs one thread. Every size is warmed up first, then timed `trials` times, `reps` calls back to
+# back each time, the sizes in turn (16 B, 64 B, ..., 4 MiB, then again), so every size meets the same
+# moments of a busy machine; the best trial counts: the one least disturbed by other programs (on a shared
+# machine a rank that waits for its peer may sleep, and be woken late).
 
 # %% measured-gloo-all_reduce-time-ddp
-# %%ddp -n $world_size --timeout 60 --pull rows@0 -- $reps $max_log2
+# %%ddp -n $world_size --timeout 60 --pull rows@0 -- $reps $trials $max_log2
 import sys, time, torch, torch.distributed as dist
+torch.set_num_threads(1)
 dist.init_process_group("gloo")
-reps, max_log2 = int(sys.argv[1]), int(sys.argv[2])
-rows = []
-for k in range(2, max_log2 + 1, 2):
-    t = torch.ones(2 ** k)
-    for _ in range(2):
-        dist.all_reduce(t)                     # warm up
-    best = float("inf")
-    for trial in range(3):                     # best of 3: the run least disturbed by other work
+reps, trials, max_log2 = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+tensors = [torch.ones(2 ** k) for k in range(2, max_log2 + 1, 2)]     # 16 B ... 4 MiB
+best = [float("inf")] * len(tensors)
+for t in tensors:
+    for _ in range(3):
+        dist.all_reduce(t)                     # warm up, untimed
+for trial in range(trials):
+    for i, t in enumerate(tensors):            # the sizes in turn: all meet the same load
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(reps):
             dist.all_reduce(t)                 # back to back, as in a training step
-        best = min(best, (time.perf_counter() - t0) / reps)
-    rows.append([t.numel() * 4, best])
+        best[i] = min(best[i], (time.perf_counter() - t0) / reps)
+rows = [[t.numel() * 4, b] for t, b in zip(tensors, best)]
 dist.destroy_process_group()
 
 # %% measured-gloo-all_reduce-time-code
@@ -102,33 +109,39 @@ for n, s in rows:
 
 # %% check-code
 assert available["gloo"] and len(rows) == len(range(2, max_log2 + 1, 2))
-assert all(s > 0 for s in secs)
-assert secs[-1] > min(secs), "the largest all-reduce is not the quickest"
+small = [s for n, s in zip(sizes, secs) if n <= 4096]              # 16 B ... 4 KB
+assert max(small) < 3 * min(small), f"small tensors should cost about the same (a fixed latency): {small}"
+assert secs[-1] > 3 * secs[0], f"4 MiB should take clearly longer than 16 B: {secs[0]}, {secs[-1]}"
 bw = [n / s for n, s in zip(sizes, secs)]
 assert bw[-1] > 10 * bw[0], "bandwidth grows with size: small messages are latency-bound"
-print(f"ok: latency {secs[0] * 1e6:.0f} us for 16 B; {bw[-1] / 1e6:.0f} MB/s at {sizes[-1] / 2**20:.0f} MiB")
+print(f"ok: latency {min(small) * 1e6:.0f}-{max(small) * 1e6:.0f} us from 16 B to 4 KB; "
+      f"{secs[-1] * 1e3:.2f} ms and {bw[-1] / 1e6:.0f} MB/s at {sizes[-1] / 2**20:.0f} MiB")
 
 # %% exercise [markdown]
 # ## Exercise
-# Compare `broadcast` and `all_reduce` for a 1 MiB tensor. Which is faster, and why?
+# Compare `broadcast` and `all_reduce` for a 1 MiB tensor of float32s. Which is faster, and why? Time one call
+# of each, in milliseconds, after a warm-up call; take the median of `reps` calls.
 #
 # Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
 # is still wrong. The solution is folded in between (click its bar to open it).
 
 # %% try-it tags=["exercise"]
 # Your timing here, in a cell that starts with
-#   %%ddp -n $world_size --timeout 60 --pull bcast@0,allred@0 -- $reps
-# `bcast` and `allred`: rank 0's median time of one broadcast / all_reduce of 2**18 floats, in ms.
+#   %%ddp -n $world_size --timeout 60 --pull bcast@0,allred@0,nbytes@0 -- $reps
+# `bcast` and `allred`: rank 0's median time of one broadcast / all_reduce, in ms; `nbytes`: the tensor's size
+# in bytes (t.numel() * t.element_size()).
 
 # %% solution [markdown]
 # ### Solution
 # Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
-# %%ddp -n $world_size --timeout 60 --pull bcast@0,allred@0 -- $reps
+# %%ddp -n $world_size --timeout 60 --pull bcast@0,allred@0,nbytes@0 -- $reps
 import statistics, sys, time, torch, torch.distributed as dist
+torch.set_num_threads(1)
 dist.init_process_group("gloo")
-reps = int(sys.argv[1]); t = torch.ones(2 ** 18)      # 1 MiB
+reps = int(sys.argv[1]); t = torch.ones(2 ** 18)      # 2**18 float32s of 4 bytes = 1 MiB
+nbytes = t.numel() * t.element_size()
 def timed(fn):
     fn(); out = []
     for _ in range(reps):
@@ -137,10 +150,46 @@ def timed(fn):
 bcast, allred = timed(lambda: dist.broadcast(t, 0)) * 1e3, timed(lambda: dist.all_reduce(t)) * 1e3
 if dist.get_rank() == 0:
     print(f"broadcast {bcast:.3f} ms, all_reduce {allred:.3f} ms")
-    # broadcast only moves data one way; all_reduce also adds and sends results back (about 2x the traffic)
+    # broadcast: rank 0's data goes one way, once. all_reduce: every rank sends and receives its share,
+    # adds, and sends the sums back (in a ring, 2(N-1) steps that wait on each other): 2x the bytes in all
 dist.destroy_process_group()
 
 # %% check-answer tags=["check"]
 assert "bcast" in globals() and "allred" in globals(), "✗ nothing to check yet: your cell should end with --pull bcast@0,allred@0"
-assert bcast > 0 and allred > 0, f"✗ times must be positive: broadcast {bcast} ms, all_reduce {allred} ms"
+assert nbytes == 2 ** 20, f"✗ the tensor has {nbytes:,} bytes, not 1 MiB ({2 ** 20:,}): 2**18 float32 elements of 4 bytes each"
+ref = dict(rows)[2 ** 20] * 1e3                       # section 2's all_reduce of 1 MiB, in ms
+assert ref / 10 < allred < ref * 10, f"✗ all_reduce took {allred} 'ms', section 2 measured {ref:.3f} ms for 1 MiB: time one call (divide by the repeats) in milliseconds (seconds × 1e3)"
+assert bcast < allred, f"✗ broadcast ({bcast:.3f} ms) was not faster than all_reduce ({allred:.3f} ms): warm up first, then take the median of several calls, each after a barrier"
 print(f"✓ broadcast {bcast:.3f} ms, all_reduce {allred:.3f} ms")
+
+# %% mistake tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull bcast@0,allred@0,nbytes@0 -- $reps
+import statistics, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+reps = int(sys.argv[1]); t = torch.ones(2 ** 20)      # "2**20 = 1 Mi": but of 4-byte floats, 4 MiB
+nbytes = t.numel() * t.element_size()
+def timed(fn):
+    fn(); out = []
+    for _ in range(reps):
+        dist.barrier(); t0 = time.perf_counter(); fn(); out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+bcast, allred = timed(lambda: dist.broadcast(t, 0)) * 1e3, timed(lambda: dist.all_reduce(t)) * 1e3
+dist.destroy_process_group()
+# expect: ✗ the tensor has 4,194,304 bytes
+
+# %% mistake-seconds tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull bcast@0,allred@0,nbytes@0 -- $reps
+import sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+reps = int(sys.argv[1]); t = torch.ones(2 ** 18); nbytes = t.numel() * t.element_size()
+dist.broadcast(t, 0); dist.all_reduce(t)             # warm up
+t0 = time.perf_counter()
+for _ in range(reps):
+    dist.broadcast(t, 0)
+bcast = time.perf_counter() - t0                     # seconds, and all reps together
+t0 = time.perf_counter()
+for _ in range(reps):
+    dist.all_reduce(t)
+allred = time.perf_counter() - t0
+dist.destroy_process_group()
+# expect: ✗ all_reduce took .* section 2 measured
