@@ -155,7 +155,7 @@ if dist.get_rank() == 0:
 dist.destroy_process_group()
 
 # %% check-answer tags=["check"]
-assert "bcast" in globals() and "allred" in globals(), "✗ nothing to check yet: your cell should end with --pull bcast@0,allred@0"
+assert all(name in globals() for name in ("bcast", "allred", "nbytes")), "✗ nothing to check yet: your cell should end with --pull bcast@0,allred@0,nbytes@0"
 assert nbytes == 2 ** 20, f"✗ the tensor has {nbytes:,} bytes, not 1 MiB ({2 ** 20:,}): 2**18 float32 elements of 4 bytes each"
 ref = dict(rows)[2 ** 20] * 1e3                       # section 2's all_reduce of 1 MiB, in ms
 assert ref / 10 < allred < ref * 10, f"✗ all_reduce took {allred} 'ms', section 2 measured {ref:.3f} ms for 1 MiB: time one call (divide by the repeats) in milliseconds (seconds × 1e3)"
