@@ -9,17 +9,18 @@
 # | `--nnodes` | yes | number of machines |
 # | `--nproc_per_node` | yes | processes (GPUs) per machine |
 # | `--node_rank` | **no**: 0, 1, … | which machine this is |
-# | `--master_addr` | yes | address of node 0, reachable from all nodes (not `localhost`!) |
+# | `--master_addr` | yes | address of node 0, reachable from all nodes (not `localhost`: section 5) |
 # | `--master_port` | yes | a free port on node 0, open in the firewall |
 #
 # We cannot borrow a cluster, but `%%ddp --nnodes` runs all nodes' processes here with exactly the variables
-# each would get on its own machine, and `nbddp.export` prints the commands you would type on each node.
+# each would get on its own machine; section 1 prints the torchrun command each node would run.
 
 # %% parameters tags=["parameters"]
 nnodes = 2
-nproc_per_node = 1
+nproc_per_node = 2         # 4 ranks: each node's group has 2 ranks, so "inside a node" differs from "all"
 master_addr = "10.0.0.1"   # node 0 of an imaginary cluster
 master_port = 29500
+hang_timeout = 3           # seconds the hang of section 5 may wait (torchrun's own default: 900)
 
 # %% load-ext
 # %load_ext nbddp
@@ -129,31 +130,174 @@ else:
     print("No Slurm here (sinfo not found or no idle node): on a cluster this cell runs section 2's cell "
           "with %%ddp --launcher slurm. scripts/setup-slurm.sh starts a one-machine Slurm to try it.")
 
+# %% hang-master-addr-itself [markdown]
+# ## 5 · The classic hang: node 1's `--master_addr` points at itself
+# Every node must name **node 0** as its `--master_addr`, as the other machines reach it. The hang comes from
+# writing the address as each machine sees it: `--master_addr=localhost` (or `127.0.0.1`, or its own hostname,
+# or no `--master_addr` at all: torchrun's default is `127.0.0.1`) on node 1. Node 0 hosts the meeting point,
+# a TCPStore on `--master_port`, and waits for the other node; node 1 knocks at its own door, where nobody
+# listens. Nothing fails at once and nothing is printed: torchrun waits 900 s by default (`default_timeout` in
+# `torch/distributed/launcher/api.py`), and your script has not even started — the wait is in torchrun's own
+# rendezvous (`torch/distributed/elastic/rendezvous/static_tcp_rendezvous.py`).
+#
+# Below, both nodes are real `torchrun` processes on this machine. Both "machines" share one `localhost` here, so
+# node 1's own machine is played by a port where nothing listens: node 1 dials `127.0.0.1` at a port node 0 does
+# not serve, which is what it finds at home. `--rdzv-conf timeout=3` cuts the wait to 3 seconds.
+
+# %% hang-master-addr-itself-code
+import os, socket, subprocess, sys, time
+os.makedirs("runs/07", exist_ok=True)
+with open("runs/07/train.py", "w") as f:
+    f.write("import torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\n"
+            "t = torch.ones(1); dist.all_reduce(t)\n"
+            "print(f'rank {dist.get_rank()}: all_reduce gave {t.item():.0f}')\n")
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]          # node 0's meeting point
+home = socket.socket(); home.bind(("127.0.0.1", 0))              # "node 1 itself": bound, nobody listening
+torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={nproc_per_node}",
+            f"--rdzv-conf=timeout={hang_timeout}"]
+node_options = [["--node-rank=0", "--master-addr=127.0.0.1", f"--master-port={port}"],
+                ["--node-rank=1", "--master-addr=127.0.0.1", f"--master-port={home.getsockname()[1]}"]]
+started = time.monotonic()
+nodes = [subprocess.Popen(torchrun + options + ["runs/07/train.py"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) for options in node_options]
+hang_out = [node.communicate(timeout=120)[0] for node in nodes]
+home.close()
+print(f"both gave up after {time.monotonic() - started:.0f} s (torch imports included):")
+for i, out in enumerate(hang_out):
+    print(f"node {i}, exit code {nodes[i].returncode}:", [line for line in out.splitlines() if "Error: " in line][-1])
+
+# %% hang-master-addr-itself-check
+assert all(node.returncode != 0 for node in nodes), hang_out
+assert "1/2 clients joined" in hang_out[0], hang_out[0][-2000:]                                  # node 0 waited for node 1
+assert f"trying to connect to (127.0.0.1, {node_options[1][2].split('=')[1]})" in hang_out[1], hang_out[1][-2000:]
+assert not any("all_reduce gave" in out for out in hang_out)      # the script never ran: the wait is in torchrun
+
+# %% hang-master-addr-itself-note [markdown]
+# Node 0 waited for clients ("1/2 clients joined": itself only), node 1 for an answer at its own address. **Fix**:
+# the same `--master_addr` and `--master_port` on every node, node 0's, as in section 1's commands. To test it
+# before a long job: while node 0 waits, `python -c "import socket; socket.create_connection(('10.0.0.1', 29500), 3)"`
+# on node 1 must return without an error; a refusal or a timeout means the address, the port or a firewall.
+#
+# ## 6 · Which network: `GLOO_SOCKET_IFNAME`, `NCCL_SOCKET_IFNAME`, `NCCL_DEBUG=INFO`
+# The store only introduces the ranks; then gloo or NCCL opens its own connections between them, over a network
+# interface each backend picks on its machine. A machine with several (Ethernet, InfiniBand, `docker0`, a VPN)
+# can offer one the other machines cannot reach: the rendezvous succeeds, and `init_process_group` or the first
+# collective hangs. Name the interface yourself, the same on every node:
+#
+# | variable | for | example |
+# |---|---|---|
+# | `GLOO_SOCKET_IFNAME` | gloo (CPU tensors) | `GLOO_SOCKET_IFNAME=eth0` |
+# | `NCCL_SOCKET_IFNAME` | NCCL's socket traffic and bootstrap | `NCCL_SOCKET_IFNAME=eth0`, or `^docker0,lo` to exclude |
+# | `NCCL_DEBUG=INFO` | NCCL says what it chose, per rank | lines like `NCCL INFO NET/Socket : Using [0]eth0:10.0.0.2<0>`, or `NET/IB : Using [0]mlx5_0:1/IB` |
+#
+# `NCCL_DEBUG=INFO` (with `NCCL_DEBUG_SUBSYS=INIT,NET` to keep it short) is the first thing to set when a
+# multi-node NCCL job hangs or crawls: `NET/Socket` where you expected InfiniBand means TCP, a `docker0`
+# address means a network the other node cannot see. NCCL needs GPUs; gloo shows the same thing here. The
+# simulated nodes all talk over the loopback, so naming it works, and a name this machine does not have fails
+# at once, as it would on a node whose interface is called differently:
+
+# %% which-network-code
+import socket
+from nbddp import DDPError
+loopback = next(name for _, name in socket.if_nameindex() if name.startswith("lo"))
+net_cell = '''
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1); dist.all_reduce(t)
+print(f"GLOO_SOCKET_IFNAME={os.environ['GLOO_SOCKET_IFNAME']}: all_reduce gave {t.item():.0f}")
+dist.destroy_process_group()
+'''
+over = {}
+for ifname in (loopback, "no_such_if0"):
+    try:
+        get_ipython().run_cell_magic("ddp", f"--nnodes {nnodes} --nproc-per-node {nproc_per_node} --ranks 0 --output text "
+                                     f"--env GLOO_SOCKET_IFNAME={ifname} --timeout 60", net_cell)
+        over[ifname] = "ok"
+    except DDPError as exc:
+        over[ifname] = exc.result.ranks[0].cause
+
+# %% which-network-check
+assert over[loopback] == "ok", over
+assert "Unable to find address for: no_such_if0" in over["no_such_if0"], over
+print({name: why.rsplit("] ", 1)[-1] for name, why in over.items()})      # gloo's own message, without its path
+
 # %% exercise [markdown]
 # ## Exercise
-# The cluster has 2 machines with 4 GPUs each. Which `node_rank`, `LOCAL_RANK` (= which GPU) does global rank 5
-# have? Verify by simulating the cluster with `%%ddp` and showing rank 5 only, and print node 1's command.
+# The cluster: 2 machines with 4 GPUs each; node 0's address is `master_addr` (`10.0.0.1`), the port
+# `master_port` (29500). Write the command you type **on node 1** to start `train.py` there, as the string
+# `node1_command`, and the global rank of the process on node 1's GPU 1 as `rank_of_node1_gpu1`. Then confirm
+# the rank by simulating the cluster: a `%%ddp` cell on 2 nodes of 4 processes in which every rank sets
+# `placed = (GROUP_RANK, LOCAL_RANK)` (ints, from `os.environ`), pulled back with `--pull placed`.
+# The check reads your command with torchrun's own parser (`torch.distributed.run.get_args_parser()`), as
+# torchrun on node 1 would.
 #
 # Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
 # is still wrong. The solution is folded in between (click its bar to open it).
 
 # %% try-it tags=["exercise"]
-# Your answer here; confirm it in a cell that starts with
-#   %%ddp --nnodes 2 --nproc-per-node 4 --ranks 5 --timeout 60 --pull where@5
-# where every rank sets `where = (int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"]))`.
+# node1_command = "torchrun ..."     # what you type on node 1
+# rank_of_node1_gpu1 = ...           # the global rank of the process on node 1's GPU 1
+# then, in a new cell:
+#   %%ddp --nnodes 2 --nproc-per-node 4 --timeout 60 --pull placed
 
 # %% solution [markdown]
 # ### Solution
 # Folded: click the bar below (or its ⋯) to open it.
 
+# %% solution-answers tags=["solution"]
+node1_command = (f"torchrun --nnodes=2 --nproc-per-node=4 --node-rank=1 "
+                 f"--master-addr={master_addr} --master-port={master_port} train.py")
+rank_of_node1_gpu1 = 1 * 4 + 1       # node_rank x nproc_per_node + local_rank (LOCAL_RANK = the GPU)
+
 # %% solution-ddp tags=["solution"]
-# %%ddp --nnodes 2 --nproc-per-node 4 --ranks 5 --timeout 60 --pull where@5
+# %%ddp --nnodes 2 --nproc-per-node 4 --ranks 5 --timeout 60 --pull placed
 import os
-where = (int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"]))
-print(f"rank {os.environ['RANK']}: node {where[0]}, cuda:{where[1]}")
+placed = (int(os.environ["GROUP_RANK"]), int(os.environ["LOCAL_RANK"]))
+print(f"rank {os.environ['RANK']}: node {placed[0]}, cuda:{placed[1]}")
 
 # %% check-answer tags=["check"]
-assert "where" in globals(), "✗ nothing to check yet: your cell should end with --pull where@5"
-assert tuple(where) == (1, 1), f"✗ rank 5 is node {where[0]}, local rank {where[1]}: with 4 per node, 5 = 1 x 4 + 1"
-print("✓ rank 5 runs on node 1 with cuda:1; node 1's command:")
-print(node_commands(make_spec(nproc_per_node=4, nnodes=2, master_addr=master_addr, master_port=master_port), "train.py")[1])
+assert "node1_command" in globals() and "rank_of_node1_gpu1" in globals(), "✗ nothing to check yet: set node1_command and rank_of_node1_gpu1"
+import shlex
+from torch.distributed.run import get_args_parser
+words = shlex.split(node1_command)
+words = words[1:] if words[:1] == ["torchrun"] else words[3:] if words[1:3] == ["-m", "torch.distributed.run"] else None
+assert words is not None, "✗ start the command with torchrun (or python -m torch.distributed.run)"
+try:
+    node1_args = get_args_parser().parse_args(words)
+except SystemExit:
+    node1_args = None
+assert node1_args is not None, "✗ torchrun's parser rejects that command (its error is printed above)"
+assert node1_args.nnodes == "2", f"✗ --nnodes {node1_args.nnodes}: the number of machines, 2, the same on every node"
+assert node1_args.nproc_per_node == "4", f"✗ --nproc-per-node {node1_args.nproc_per_node}: the processes on this machine, one per GPU (4), not in the whole job"
+assert node1_args.node_rank == 1, f"✗ --node-rank {node1_args.node_rank}: node 1 must say 1; two machines that both say 0 claim ranks 0-3 twice and nobody is node 1"
+assert not node1_args.master_addr.startswith(("127.", "localhost")) and node1_args.master_addr != "::1", f"✗ --master-addr {node1_args.master_addr} (the default when none is given is 127.0.0.1): on node 1 that is node 1 itself, where nobody hosts the meeting point: the hang of section 5"
+assert node1_args.master_addr == master_addr, f"✗ --master-addr {node1_args.master_addr}: every node names node 0, {master_addr}"
+assert (node1_args.master_port or 29500) == master_port, f"✗ --master-port {node1_args.master_port}: every node names node 0's port, {master_port}"
+assert rank_of_node1_gpu1 != 1, "✗ rank 1 is the LOCAL_RANK (the GPU index on node 1): the global rank counts node 0's 4 processes first"
+assert rank_of_node1_gpu1 != 1 * 2 + 1, "✗ rank 3 is node_rank x nnodes + local_rank: node 1's ranks start after node 0's 4, so multiply by nproc_per_node"
+assert rank_of_node1_gpu1 == 5, f"✗ rank {rank_of_node1_gpu1}: global rank = node_rank x nproc_per_node + local_rank"
+assert "placed" in globals() and len(placed) == 8, "✗ now confirm it: simulate the cluster with %%ddp --nnodes 2 --nproc-per-node 4 ... --pull placed"
+assert tuple(placed[rank_of_node1_gpu1]) == (1, 1), f"✗ the simulated rank {rank_of_node1_gpu1} says node {placed[rank_of_node1_gpu1][0]}, cuda:{placed[rank_of_node1_gpu1][1]}: set placed = (GROUP_RANK, LOCAL_RANK)"
+print(f"✓ on node 1:  {node1_command}\n  its GPU 1 runs rank 1 x 4 + 1 = 5; the simulated cluster agrees")
+
+# %% mistake tags=["mistake"]
+node1_command = f"torchrun --nnodes=2 --nproc-per-node=4 --node-rank=0 --master-addr={master_addr} --master-port={master_port} train.py"
+rank_of_node1_gpu1 = 5               # node 0's command copied as it is
+# expect: ✗ --node-rank 0: node 1 must say 1
+
+# %% mistake-master-addr-localhost tags=["mistake"]
+node1_command = f"torchrun --nnodes=2 --nproc-per-node=4 --node-rank=1 --master-addr=localhost --master-port={master_port} train.py"
+rank_of_node1_gpu1 = 5
+# expect: ✗ --master-addr localhost .*the hang of section 5
+
+# %% mistake-nproc-whole-job tags=["mistake"]
+node1_command = f"torchrun --nnodes=2 --nproc-per-node=8 --node-rank=1 --master-addr={master_addr} --master-port={master_port} train.py"
+rank_of_node1_gpu1 = 5               # all 8 GPUs of the job counted as this node's
+# expect: ✗ --nproc-per-node 8
+
+# %% mistake-times-nnodes tags=["mistake"]
+node1_command = f"torchrun --nnodes=2 --nproc-per-node=4 --node-rank=1 --master-addr={master_addr} --master-port={master_port} train.py"
+rank_of_node1_gpu1 = 1 * 2 + 1       # node_rank x nnodes + local_rank
+# expect: ✗ rank 3 is node_rank x nnodes
