@@ -31,8 +31,8 @@ accum = 4
 # > **What the articles get wrong.** Their accumulation loop calls `loss.backward()` on every micro-batch
 # > without `no_sync()` and without dividing the loss by `k`. The first costs `k` all-reduces per step
 # > instead of one (below: `accum` hook calls, not 1); the second makes the gradient the **sum** of `k`
-# > micro-batch gradients, `k` times the big batch's (below: `|grad| / |big batch grad|` = `accum`), as if
-# > the learning rate were `k` times larger.
+# > micro-batch gradients, `k` times the big batch's (below: `|grad| / |big batch grad|` = `accum`): with
+# > SGD, as if the learning rate were `k` times larger.
 
 # %% no_sync-gives-big-batch-ddp
 # %%ddp -n $world_size --timeout 60 --pull results -- $accum
@@ -121,7 +121,7 @@ dist.destroy_process_group()
 # given an infinite loss on purpose: the weights do not move and the scale halves.
 #
 # > **Dated in the articles.** `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()` are deprecated
-# > since torch 2.4 (a `FutureWarning`; torch 2.13's `torch/cuda/amp/*.py` are thin wrappers that say so):
+# > (torch 2.4 and later warn with a `FutureWarning`; in torch 2.13 `torch/cuda/amp/*.py` are thin wrappers):
 # > write `torch.amp.autocast("cuda", ...)` (or `torch.autocast`) and `torch.amp.GradScaler("cuda")`, the
 # > spelling that also works for `"cpu"`. The cell below calls the old ones to show their warnings.
 
@@ -204,7 +204,7 @@ for per_how in results:
     assert half["hook calls"] == chatty["hook calls"], per_how           # forward outside no_sync: no saving
     articles = per_how["articles' loop"]
     assert articles["hook calls"] == accum and abs(articles["grad / big batch grad"] - accum) < 1e-4, articles
-assert scaled["scale at start"] == 65536.0, scaled
+assert scaled["scale at start"] == 65536.0 > scaled["scale before the inf step"], scaled   # early overflows halved it
 assert scaled["scale after the inf step"] == scaled["scale before the inf step"] / 2, scaled      # halved
 assert not scaled["weights moved on the inf step"], scaled
 assert [d.split("(")[0] for d in scaled["deprecated"]] == ["`torch.cuda.amp.GradScaler", "`torch.cuda.amp.autocast"], scaled
@@ -273,9 +273,9 @@ big(X_all.reshape(-1, 6)).pow(2).mean().backward()   # the whole global batch, f
 want = torch.cat([p.grad.flatten() for p in big.parameters()])
 assert all(c == 1 for c in calls), f"✗ DDP all-reduced {max(calls)} times for one step (per rank: {calls}): run the first accum-1 micro-batches, forward and backward, inside model.no_sync()"
 ratio = torch.tensor(grad[0]).norm().item() / want.norm().item()
-assert all(torch.allclose(torch.tensor(g), want, rtol=0.03, atol=1e-3) for g in grad), (
-    f"✗ the gradient is {ratio:.2f}× the whole batch's: divide each micro-batch's loss by accum" if abs(ratio - accum) < 0.2
-    else f"✗ the gradient is not the whole batch's ({grad[0]} vs {want.tolist()}): the model, data and loss as the exercise gives them?")
+whole = all(torch.allclose(torch.tensor(g), want, rtol=0.03, atol=1e-3) for g in grad)   # bfloat16: within 3%
+assert whole or abs(ratio - accum) > 0.2, f"✗ the gradient is {ratio:.2f}× the whole batch's: divide each micro-batch's loss by accum"
+assert whole, f"✗ the gradient {[round(v, 4) for v in grad[0]]} is not the whole batch's {[round(v, 4) for v in want.tolist()]}: the model, data and loss as the exercise gives them?"
 assert all(identical), f"✗ ranks {[r for r, i in enumerate(identical) if not i]} see different weights: the last micro-batch must run outside no_sync() so its backward all-reduces"
 print(f"✓ one all-reduce for {accum} micro-batches, the whole batch's gradient (bfloat16 within 3%), identical replicas")
 
