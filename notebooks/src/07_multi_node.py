@@ -212,8 +212,8 @@ dist.destroy_process_group()
 over = {}
 for ifname in (loopback, "no_such_if0"):
     try:
-        get_ipython().run_cell_magic("ddp", f"--nnodes {nnodes} --nproc-per-node {nproc_per_node} --ranks 0 --output text "
-                                     f"--env GLOO_SOCKET_IFNAME={ifname} --timeout 60", net_cell)
+        get_ipython().run_cell_magic("ddp", f"--timeout 60 --nnodes {nnodes} --nproc-per-node {nproc_per_node} --ranks 0 "
+                                     f"--output text --env GLOO_SOCKET_IFNAME={ifname}", net_cell)
         over[ifname] = "ok"
     except DDPError as exc:
         over[ifname] = exc.result.ranks[0].cause
