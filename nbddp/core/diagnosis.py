@@ -40,13 +40,28 @@ def describe_failure(exception: dict | None, code: int | None) -> str:
         if exception.get("type") == "BdbQuit":  # `q` at the rank's debugger prompt
             return f"quit in the debugger{where}"
         message = exception.get("message") or ""
-        first = message.strip().splitlines()[0] if message.strip() else ""
+        first = condensed(message.strip().splitlines()[0]) if message.strip() else ""
         if len(first) > CAUSE_LIMIT:  # the whole message is in the traceback shown below
             first = first[:CAUSE_LIMIT - 1].rstrip() + "…"
         return f"{exception['type']}{': ' + first if first else ''}{where}"
     if code is None:
         return "ended without an exit code: the forkserver that reports it had ended, and the rank said none"
     return f"exited with code {code}"
+
+
+# A C++ source location at the head of a native error ("[/__w/pytorch/pytorch/third_party/gloo/
+# gloo/transport/tcp/pair.cc:553] "), the build machine's path of the file that raised it, and
+# gloo's advice after the fact ("This is typically caused by a remote worker crashing. Check the
+# logs of the remote worker before reporting an error. GLHF! 🏖️"), which the hint replaces.
+_NATIVE_PATH = re.compile(r"\[(enforce fail at )?[^\]\s]*/([^/\]\s]+:\d+)\]")
+_GLOO_ADVICE = re.compile(r"\.?\s*This is typically caused by .*$")
+
+
+def condensed(line: str) -> str:
+    """A native error's first line as a cause says it: the C++ file without its build path,
+    without gloo's advice ("[pair.cc:553] Connection closed by peer [127.0.0.1]:53951");
+    the whole message stays in the traceback."""
+    return _GLOO_ADVICE.sub("", _NATIVE_PATH.sub(r"[\1\2]", line))
 
 
 # ------------------------------------------------------------------ stacks
@@ -411,6 +426,18 @@ def agent_failures(agent_log: str) -> list[tuple[int, int, int]]:
         head, root = agent_log, ""
     found = _AGENT_FAILURE.findall(root) + _AGENT_FAILURE.findall(head)
     return [(int(a), int(b), int(c)) for a, b, c in found]
+
+
+_CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
+
+
+def agent_closed(agent_log: str) -> set[int] | None:
+    """The pids torchrun's agent signalled itself to stop them (its fail-fast after a rank
+    failed, or the end of an attempt: "Sending process 6825 closing signal SIGTERM"), or None
+    where its log says it stopped none: a rank that died by a signal and is not among them
+    was not stopped by torchrun (killed by itself, from outside, or by the OOM killer)."""
+    pids = {int(pid) for pid, _ in _CLOSING.findall(agent_log)}
+    return pids or None
 
 
 def agent_failure(agent_log: str, code: int, spec, log_path: str) -> str:

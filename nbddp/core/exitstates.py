@@ -61,14 +61,25 @@ def stopped_state(res, stop) -> None:
 
 
 # --------------------------------------------------------- under torchrun's agent
-def settle_torchrun(res, stop, sent, others_failed: bool) -> None:
-    """As ``settle``, for a rank of torchrun's: a SIGTERM/SIGKILL that nbddp did not send, once
-    another rank failed, is torchrun's own fail-fast (the rank did not fail by itself)."""
-    if (stop is None or not ended_by_nbddp(res.exitcode, res.exception, sent)) and others_failed \
-            and res.exitcode in (-signal.SIGTERM, -signal.SIGKILL):
+def settle_torchrun(res, stop, sent, others_failed: bool, closed: set[int] | None = None) -> None:
+    """As ``settle``, for a rank of torchrun's: a SIGTERM/SIGKILL that nbddp did not send is
+    torchrun's own fail-fast (the rank did not fail by itself) where torchrun's log says it
+    signalled this rank (``closed``: the pids it did, nbddp/core/diagnosis.py's
+    ``agent_closed``); where its log says nothing (None), once another rank failed by itself.
+    A rank killed by a signal torchrun did not send is the cause (killed by itself, from
+    outside, or by the OOM killer), and a peer that lost it in a collective failed after it."""
+    by_signal = res.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
+    by_torchrun = (res.pid in closed) if closed is not None else others_failed
+    if (stop is None or not ended_by_nbddp(res.exitcode, res.exception, sent)) and by_signal and by_torchrun:
         res.state, res.cause = RankState.TERMINATED, "stopped by torchrun after another rank failed"
     else:
         settle(res, stop, sent)
+
+
+def failed_by_itself(res) -> bool:
+    """A rank whose failure is a cause, not a symptom: failed (not by losing a peer in a
+    collective, which another rank's end caused) or killed."""
+    return res.state == RankState.KILLED or (res.state == RankState.FAILED and not lost_peer(res.exception))
 
 
 def settle_unreported(res, stop, agent_code: int | None, first_failed: int | None) -> bool:

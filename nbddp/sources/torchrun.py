@@ -33,7 +33,7 @@ from nbddp.core.rankfiles import RankFiles
 from nbddp.rank.torchrun_rank import LABEL_VAR, LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from nbddp.core.envvars import legacy_flag
 from nbddp.kernel.logdirs import new_log_dir, private
-from nbddp.core.result import FAILED, RankResult, RunResult
+from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
 from nbddp.core.spec import LaunchSpec
 from nbddp.sources.supervisor import Source, Supervisor
 from nbddp.sources.torchrun_agent import PREFIX_TEMPLATE, AgentProcess, killpg
@@ -132,6 +132,13 @@ class ElasticLaunch(Source):
         self.agent = AgentProcess(log_dir, self._on_output)
         self.agent.start(cmd, self.cwd, env)
 
+    def note(self, text: str) -> None:
+        """A note for the user; not the idle warning ("a hung collective?") once a rank of this
+        attempt ended badly: torchrun is stopping the others, the launch is ending."""
+        if text.startswith(diagnosis.IDLE_WARNING) and self.ranks is not None and self.ranks.ending():
+            return
+        super().note(text)
+
     def busy(self) -> bool:
         return self.agent is not None and self.agent.running()
 
@@ -209,9 +216,11 @@ class ElasticLaunch(Source):
     def finish(self) -> None:
         agent_text = "".join(self.agent_lines)
         rc = self.agent.returncode if self.agent is not None else None
-        self.ranks.settle_all(self.stop, self.sent, rc, diagnosis.agent_failures(agent_text))
+        self.ranks.settle_all(self.stop, self.sent, rc, diagnosis.agent_failures(agent_text),
+                              diagnosis.agent_closed(agent_text))
         if self.stop is None and rc not in (0, None) and (
-                not self.result.ranks or not any(r.state == FAILED and r.exception for r in self.result.ranks)):
+                not self.result.ranks or not any((r.state == FAILED and r.exception) or r.state == KILLED
+                                                 for r in self.result.ranks)):
             self.note(self._agent_failure(agent_text, rc))
         if rc not in (0, None) and self.result.ok:
             # every rank of this node ended ok, yet torchrun failed (another node's rank failed):

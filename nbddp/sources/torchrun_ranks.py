@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import glob
 import json
+import os
+import socket
 import time
 
 from nbddp.core import exitstates
@@ -67,6 +69,15 @@ class TorchrunRanks:
         """Ranks started and not ended, by their status files: rank → its status."""
         return {r: s for r, s in self.seen.items() if "exitcode" not in s and s.get("pid")}
 
+    def ending(self) -> bool:
+        """Has a rank of this attempt ended badly? torchrun then stops the others (and restarts
+        them all, or ends): the launch is ending, not hanging."""
+        if any(r.state in (RankState.FAILED, RankState.KILLED, RankState.TERMINATED)
+               for r in self.by_rank.values()):
+            return True
+        here = socket.gethostname()  # a rank that died without a word (a signal): torchrun reports it at the end
+        return any(s.get("host") == here and not _running(s["pid"]) for s in self.live().values())
+
     def sigint_path(self, rank: int) -> str:
         return RankFiles(self.status_dir).sigint(rank)
 
@@ -100,23 +111,29 @@ class TorchrunRanks:
                 res.exception = status.get("exception")
                 self.end(res, status["exitcode"], stop, sent, status.get("ended_at"))
 
-    def end(self, res: RankResult, code: int | None, stop, sent, ended_at: float | None = None) -> None:
+    def end(self, res: RankResult, code: int | None, stop, sent, ended_at: float | None = None,
+            closed: set[int] | None = None) -> None:
         res.exitcode, res.ended_at = code, ended_at or time.time()
-        others_failed = any(r.state in (RankState.FAILED, RankState.KILLED)
-                            for r in self.by_rank.values() if r is not res)
-        exitstates.settle_torchrun(res, stop, sent, others_failed)
+        others_failed = any(exitstates.failed_by_itself(r) for r in self.by_rank.values() if r is not res)
+        exitstates.settle_torchrun(res, stop, sent, others_failed, closed)
         self.emit("rank_exited", res)
 
-    def settle_all(self, stop, sent, agent_code: int | None, failures) -> None:
+    def settle_all(self, stop, sent, agent_code: int | None, failures, closed: set[int] | None = None) -> None:
         """After the agent ended: ranks its failure summary names (``failures``: (rank, local
-        rank, exit code)) end with that code; every rank still without an end gets one."""
-        for r, local, code in failures:
+        rank, exit code)) end with that code, those torchrun did not stop (``closed``: the pids
+        it signalled, None where its log names none) before those it did, whatever order its
+        summary gives them (its "root cause" is the failure with the earliest whole-second
+        timestamp, often the rank that lost its peer); every rank still without an end gets one."""
+        stopped_last = sorted(failures, key=lambda f: closed is not None and
+                              getattr(self.by_rank.get(f[0]), "pid", None) in closed)
+        for r, local, code in stopped_last:
             res = self.by_rank.get(r)
             if res is not None and res.ended_at is None:
                 res.local_rank = local
-                self.end(res, code, stop, sent)
-        first_failed = next((r.rank for r in self.result.ranks
-                             if r.state in (RankState.FAILED, RankState.KILLED)), None)
+                self.end(res, code, stop, sent, closed=closed)
+        first_failed = next((r.rank for r in self.result.ranks if exitstates.failed_by_itself(r)),
+                            next((r.rank for r in self.result.ranks
+                                  if r.state in (RankState.FAILED, RankState.KILLED)), None))
         for res in self.result.ranks:
             if res.ended_at is not None and res.state != RankState.RUNNING:
                 continue
@@ -125,3 +142,18 @@ class TorchrunRanks:
                 self.emit("rank_exited", res)
             else:
                 self.end(res, 0, stop, sent)
+
+
+def _running(pid: int) -> bool:
+    """Does ``pid`` still run (a zombie, ended but not yet reaped by torchrun, does not)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
