@@ -75,9 +75,10 @@ print(f"held-out accuracy {single_accuracy:.3f} (a guess: 0.1)")
 
 # %% ddp-version-run-as [markdown]
 # ## 2 · The DDP version, run as a script with arguments
-# Everything after `--` becomes `sys.argv[1:]`, as `torchrun train.py --epochs 2` would give. The cell is
-# a complete script: `%ddp_export` can write it to a file for torchrun (cell below). `--pull` brings a few
-# of its variables back to the notebook for the check; `--timeout` ends it if it ever hangs.
+# The cell is a complete training script, the one you would start with
+# `torchrun --nproc_per_node=2 train_ddp.py --epochs 2 --out runs/04`: its arguments arrive in `sys.argv`, and
+# the numbered comments are the steps above. The cell below writes it to `train_ddp.py` for torchrun. (The
+# cell's first line passes the same arguments after `--`, and brings a few values back for the check.)
 
 # %% ddp-version-run-as-ddp
 # %%ddp -n $world_size --timeout 60 --pull losses@0,accuracy@0,before_wrap,after_wrap,keys -- --epochs $epochs --out $out_dir
