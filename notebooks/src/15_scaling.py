@@ -240,9 +240,10 @@ fig.tight_layout(); plt.show()
 # all-reduce, and backward goes on with the earlier layers meanwhile. `loss.backward()` returns only when
 # every bucket has been reduced, so the last bucket's all-reduce is exposed: nothing is left to hide it
 # behind. `opt.step()` then runs on gradients that are the same on every rank. Ranks that start a step at
-# different times (one slower core, one larger batch, a rank the OS did not run for a while) meet in the
-# first all-reduce: the faster one waits
-# there, which a timeline shows as a long all-reduce bar on the faster rank.
+# different times (one slower core, one larger batch, a rank the OS did not run for a while) meet in every
+# all-reduce: a bucket's all-reduce cannot end on any rank before the last rank has launched it (the check
+# below asserts it for every bucket), so the earlier rank waits there. How long each bar looks on a busy
+# machine also depends on when the OS lets each rank record the end: read the order, not the lengths.
 
 # %% lr [markdown]
 # ## 3 · The learning rate when the global batch grows
@@ -328,6 +329,13 @@ for r, per_rank in enumerate(events):
     assert len(buckets) >= 3, per_rank                                            # bucket_cap_mb=0.25: several buckets
     assert min(start for start, _ in buckets) < compute["backward"][1], per_rank  # the first launched during backward
     assert max(end for _, end in buckets) <= compute["opt.step"][0], per_rank     # opt.step after the last one
+launched = {}                                                                     # bucket -> [(rank, start, end)]
+for r, per_rank in enumerate(events):
+    for kind, what, start, end in per_rank:
+        if kind == "all-reduce":
+            launched.setdefault(what, []).append((r, start, end))
+for what, per_bucket in launched.items():     # no rank's all-reduce of a bucket ends before every rank launched it
+    assert len(per_bucket) == world_size and min(e for _, _, e in per_bucket) >= max(s for _, s, _ in per_bucket), per_bucket
 unscaled, scaled = curves[0.1], curves[0.8]
 assert scaled[-1] < unscaled[-1], (scaled, unscaled)
 assert abs(scaled[-1] - baseline[-1]) < abs(unscaled[-1] - baseline[-1]), (baseline, scaled, unscaled)
