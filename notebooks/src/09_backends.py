@@ -97,6 +97,8 @@ import matplotlib.pyplot as plt
 sizes, secs = [r[0] for r in rows], [r[1] for r in rows]
 fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
 a.loglog(sizes, [s * 1e3 for s in secs], "o-"); a.set_xlabel("tensor size (bytes)"); a.set_ylabel("all_reduce time (ms)")
+a.yaxis.set_major_formatter("{x:g}")
+a.yaxis.set_minor_formatter(lambda x, _: f"{x:g}" if f"{x:.0e}"[0] in "235" else "")   # 0.2, 0.3, 0.5, 2, ...
 a.set_title(f"gloo all_reduce, {world_size} ranks, CPU")
 b.semilogx(sizes, [n / s / 1e6 for n, s in zip(sizes, secs)], "o-", color="C1")
 b.set_xlabel("tensor size (bytes)"); b.set_ylabel("algorithm bandwidth (MB/s)"); b.set_title("size / time")
