@@ -1,6 +1,6 @@
 """The argument rules (nbddp/core/spec.py) and the Python API's refusals, without a kernel or
-any process: every row of the README's table of bad magic input, checked against the rules
-directly, with the message the README shows; and nbddp.run / nbddp.Pool raising the same
+any process: every row of the docs' table of bad magic input, checked against the rules
+directly, with the message the docs show; and nbddp.run / nbddp.Pool raising the same
 DDPUsageError (a ValueError, never IPython's UsageError) before anything starts."""
 import re
 import socket
@@ -17,15 +17,20 @@ from nbddp.sources import rendezvous
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def readme_rows() -> dict[str, str]:
-    """The README's table of bad magic input: first column → second column."""
-    text = (ROOT / "README.md").read_text()
-    table = text[text.index("| magic line | what you get |"):].split("\n\n", 1)[0]
-    rows = {}
-    for line in table.splitlines()[2:]:
-        cells = [c.strip() for c in line.strip("|").split(" | ", 1)]
-        rows[cells[0]] = cells[1]
-    return rows
+def docs_rows() -> dict[str, str]:
+    """The docs' table of bad magic input (docs/howto/troubleshooting.md, the list-table named
+    ``bad-input``): first column → second column, each cell's wrapped lines joined again."""
+    text = (ROOT / "docs" / "howto" / "troubleshooting.md").read_text()
+    table = text[text.index(":name: bad-input"):].split("```", 1)[0]
+    rows: list[list[str]] = []
+    for line in table.splitlines()[1:]:
+        if line.startswith("* - "):
+            rows.append([line[4:].strip()])
+        elif line.startswith("  - "):
+            rows[-1].append(line[4:].strip())
+        elif line.startswith("    ") and rows:
+            rows[-1][-1] += " " + line.strip()
+    return {row[0]: row[1] for row in rows[1:]}  # the first row is the header
 
 
 def held_port():
@@ -47,12 +52,12 @@ def pool_spec():
 
 
 def also(call):
-    """A further case of a row, whose exact message the README does not show."""
+    """A further case of a row, whose exact message the docs do not show."""
     call.also = True
     return call
 
 
-# first column of the README's row → calls that must each raise the row's error, with a message
+# first column of the docs' row → calls that must each raise the row's error, with a message
 # the row shows (unless marked ``also``)
 CASES = {
     "`-n 0` / `-n x`": [lambda: parse_line("-n 0"), lambda: parse_line("-n x")],
@@ -95,13 +100,13 @@ CASES = {
 }
 
 
-def test_every_row_of_the_readme_table_has_its_case():
-    assert set(readme_rows()) == set(CASES)
+def test_every_row_of_the_docs_table_has_its_case():
+    assert set(docs_rows()) == set(CASES)
 
 
 @pytest.mark.parametrize("row", sorted(CASES))
-def test_each_row_raises_the_readme_message_as_a_value_error(row):
-    shown = readme_rows()[row]
+def test_each_row_raises_the_docs_message_as_a_value_error(row):
+    shown = docs_rows()[row]
     for call in CASES[row]:
         with pytest.raises(DDPUsageError) as info:
             call()
