@@ -223,8 +223,10 @@ dist.destroy_process_group()
 # ## 5 · Uneven inputs: the hang, and `Join`
 # DDP's all-reduce in every `backward()` pairs up step *k* of every rank. If rank 1 has one batch more
 # (an uneven split, lesson 05), its last backward waits for a partner that has left the loop: a hang.
-# First the loop as one would write it; the job runs with a short timeout (`timeout=hang_timeout`, like
-# `%%ddp --timeout`), which stops it and shows where each rank was blocked:
+# First the loop as one would write it. torch itself would give up only after the process group's
+# timeout (`init_process_group(timeout=...)`, 30 minutes by default for gloo) with an error on some rank;
+# here the job is stopped after `hang_timeout` seconds and each rank's Python stack says where it waited:
+# rank 0 in the barrier after its loop, rank 1 in its extra `backward()`.
 
 # %% uneven-inputs-hang
 import nbddp
