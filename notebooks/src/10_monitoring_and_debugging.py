@@ -112,11 +112,12 @@ print("trace files:", traces)
 # > initialisation is lazy), and the first collective makes it on the device of the **tensor** it is given,
 # > so a tensor on `cuda:LOCAL_RANK` is on the right GPU whatever the current device is. What uses the
 # > **current** device, GPU 0 until `set_device` says otherwise, is everything that names none: `.cuda()` and
-# > `device="cuda"`; `dist.barrier()` without `device_ids=` on a group bound to no device; the object
+# > `device="cuda"`; `dist.barrier()` without `device_ids=` on a group bound to no device (torch warns
+# > "barrier(): using the device under current context"); the object
 # > collectives (`all_gather_object`, `broadcast_object_list`, ...: their pickled bytes go to
-# > `torch.cuda.current_device()` under NCCL); and any CUDA call at all, which creates a CUDA context (some
-# > hundreds of MB) on GPU 0 if nothing was set. So every rank that does one of these before `set_device`
-# > puts memory on GPU 0. `init_process_group(..., device_id=torch.device("cuda", local_rank))` binds the
+# > `torch.cuda.current_device()` under NCCL); and the process's first CUDA work (a tensor, a kernel), which
+# > creates a CUDA context (some hundreds of MB) on the current device. So every rank that does one of these
+# > before `set_device` puts memory on GPU 0. `init_process_group(..., device_id=torch.device("cuda", local_rank))` binds the
 # > group to the device instead (barrier uses it; NCCL forms its communicator at once); set the current
 # > device too.
 
