@@ -88,9 +88,10 @@ print(f"argv={sys.argv[1:]} -> args.local_rank={args.local_rank}")
 # no `--master-port`), which also shows torch's **default port, 29500**; beside them, the same script under a
 # plain one-node `torchrun --nproc-per-node 1`, no port either.
 #
-# **The default port changed in torch 2.12.** Up to torch 2.11, every launch without `--master-port` met at
-# 29500, one node or many (`--master-port` had `default=29500` in `torch/distributed/run.py`), so two
-# single-node jobs on one machine collided: the second one fails with `EADDRINUSE` (lesson 06). Since torch 2.12
+# **The default port changed in torch 2.12.** Up to torch 2.11, every launch without `--master-port` (nor
+# `--standalone` or `--rdzv-endpoint`) met at 29500, one node or many (`--master-port` had `default=29500` in
+# `torch/distributed/run.py`), so two single-node jobs on one machine collided: the second one fails with
+# `EADDRINUSE` (lesson 06). Since torch 2.12
 # ([pytorch#175699](https://github.com/pytorch/pytorch/pull/175699), fixing
 # [#126510](https://github.com/pytorch/pytorch/issues/126510)), a launch of one node with no port, endpoint or
 # rendezvous backend given takes `--standalone`'s road: a c10d rendezvous at `localhost:0`, where the operating

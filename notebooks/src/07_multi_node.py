@@ -136,7 +136,7 @@ else:
 # writing the address as each machine sees it: `--master_addr=localhost` (or `127.0.0.1`, or its own hostname,
 # or no `--master_addr` at all: torchrun's default is `127.0.0.1`) on node 1. Node 0 hosts the meeting point,
 # a TCPStore on `--master_port`, and waits for the other node; node 1 knocks at its own door, where nobody
-# listens. Nothing fails at once and nothing is printed: torchrun waits 900 s by default (`default_timeout` in
+# listens. Nothing fails for a long time, and nothing says why: torchrun waits 900 s by default (`default_timeout` in
 # `torch/distributed/launcher/api.py`), and your script has not even started — the wait is in torchrun's own
 # rendezvous (`torch/distributed/elastic/rendezvous/static_tcp_rendezvous.py`).
 #
