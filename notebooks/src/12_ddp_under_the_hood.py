@@ -183,8 +183,9 @@ dist.destroy_process_group()
 # per-channel mean and inverse standard deviation, **all-gathers** (mean, invstd, count) from every rank
 # and combines them into the global batch's statistics (`torch.batch_norm_gather_stats_with_counts`); its
 # backward **all-reduces** two per-channel sums of the gradient (torch 2.13,
-# `torch/nn/modules/_functions.py`, class `SyncBatchNorm`). A gather, not a sum, because ranks may have
-# different batch sizes: the counts weight each rank's statistics. torch runs it only on GPUs; on CPU it
+# `torch/nn/modules/_functions.py`, class `SyncBatchNorm`). The counts weight each rank's statistics, so
+# ranks may have different batch sizes; all-reducing the sums, sums of squares and counts would give the
+# same numbers, but that is not what torch does. torch runs it only on GPUs; on CPU it
 # refuses (caught below, torch's own message). So the forward's statistics are done by hand here, the same
 # way (all-gather each rank's mean, variance and count, combine), and compared with a `BatchNorm` over the
 # whole global batch.
