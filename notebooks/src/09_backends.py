@@ -13,7 +13,7 @@
 # %% parameters tags=["parameters"]
 world_size = 2
 reps = 5
-trials = 15        # each size is timed `trials` times (reps calls back to back), the sizes in turn; the best counts
+trials = 25        # each size is timed `trials` times (reps calls back to back), the sizes in turn; the best counts
 max_log2 = 20      # largest tensor: 2**20 floats = 4 MiB
 
 # %% load-ext
