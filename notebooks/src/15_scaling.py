@@ -152,8 +152,9 @@ print("as the text says: the same work per rank at every world size; with 4 rank
 # %% throughput-reading [markdown]
 # How to read it. **Left**: a rank's CPU time per step is the same on 1, 2 and 4 ranks: weak scaling keeps each
 # rank's work constant and multiplies the job's samples per step by N. The wall time is that work plus the
-# time the rank waited for a core: on **4 ranks with 2 cores** the ranks take turns, and a step takes about
-# twice its CPU time or more; even on 1 or 2 ranks the wall time exceeds the CPU time whenever other programs
+# time the rank waited for a core: on **4 ranks with 2 cores** the ranks take turns, and a step takes well
+# over its CPU time (about twice on an otherwise idle machine, each rank getting half a core; more when
+# other programs run; the assert asks for 1.4× at least); even on 1 or 2 ranks the wall time exceeds the CPU time whenever other programs
 # want the same cores. A speed-up needs the first bar to stay as low as the second, on every rank, at once.
 # **Right**: the all-reduce moves every gradient every step, so it grows with the **model**: the wide
 # model's 2.15 MB cost more than the small one's 28 KB, whatever the batch. (It is measured alone here, the
