@@ -7,6 +7,7 @@ block at the end (built by nbddp/core/torchrun_cli.py). Nothing of nbddp is need
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import shlex
 
@@ -39,8 +40,20 @@ def _addr_note(spec: LaunchSpec) -> str:
     if spec.rdzv_endpoint:
         return ("#   (every node: same --rdzv-endpoint, a host:port all nodes reach; the node ranks "
                 "are assigned at the rendezvous)")
-    return (f"#   (--master-addr must be node 0's address, reachable from every node; "
-            f"{spec.master_addr!r} only works when all nodes are this machine)")
+    note = "#   (--master-addr must be node 0's address, reachable from every node"
+    if _names_this_machine(spec.master_addr):
+        note += f"; {spec.master_addr!r} only works when all nodes are this machine"
+    return note + ")"
+
+
+def _names_this_machine(addr: str) -> bool:
+    """localhost or a loopback address (no name lookup: a cluster's names mean nothing here)."""
+    if addr.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(addr.strip("[]").split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def export_cell(path: str, cell: str, line: str = "", spec: LaunchSpec | None = None, out=None) -> list[str]:

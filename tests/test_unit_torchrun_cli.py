@@ -3,6 +3,8 @@ launcher's node script, the exported Slurm job, %ddp_export's commands), and wha
 srun's log says when they fail. Pure: no kernel, no processes."""
 import sys
 
+import pytest
+
 
 from nbddp import export
 from nbddp.core import diagnosis
@@ -188,3 +190,11 @@ def test_srun_errors_name_srun_as_the_failed_agent():
     assert diagnosis.srun_failure(errors, 1, "/l/agent.log") == (
         "srun exited with code 1: Unable to allocate resources: Invalid partition name specified "
         "(srun's log: /l/agent.log)")
+
+
+@pytest.mark.parametrize("addr, this_machine", [("localhost", True), ("127.0.0.1", True), ("::1", True),
+                                                 ("10.0.0.1", False), ("node0.cluster", False)])
+def test_the_export_says_a_loopback_master_addr_only_works_on_this_machine_and_only_then(addr, this_machine):
+    note = export._addr_note(spec(f"--nnodes 2 -n 4 --master-addr {addr}"))
+    assert "must be node 0's address" in note
+    assert ("only works when all nodes are this machine" in note) == this_machine, note
