@@ -38,8 +38,9 @@ if hasattr(os, "getloadavg"):   # timings are only as good as the machine is qui
 # models: a **small** MLP (64→96→10, 7 K parameters, 28 KB of gradients) and a **wide** one
 # (64→512→512→512→10, 0.56 M parameters, 2.15 MB). For each it times, after warm-up steps,
 # - `steps` steps under `no_sync()` (no all-reduce): the compute, as **CPU time** of the rank's thread
-#   (`time.thread_time()`: the work it did) and as **wall time** (what it took, waiting for a core included);
-#   the median of `repeats` runs;
+#   (`time.thread_time()`: the work it did; the least of `repeats` runs, as a busy machine only adds to it:
+#   cache misses after another process ran, time a virtual machine's core was taken away) and as **wall
+#   time** (what it took, waiting for a core included; the median of the runs);
 # - the same steps as real DDP steps (wall time);
 # - one `all_reduce` of all the gradients, alone: the communication. It is the fastest of 30, the two
 #   models' all-reduces taken in turn, so both meet the same load.
@@ -92,7 +93,7 @@ def measure(steps, repeats):
         grads[name] = torch.cat([p.grad.flatten() for p in model.parameters()])
         seen = torch.tensor([float(steps * 32)]); dist.all_reduce(seen)      # samples of one run, all ranks
         out[name] = {"samples_per_step": 32, "job_samples": seen.item(),
-                     "cpu_ms": statistics.median(cpu) / steps * 1e3, "wall_ms": statistics.median(wall) / steps * 1e3,
+                     "cpu_ms": min(cpu) / steps * 1e3, "wall_ms": statistics.median(wall) / steps * 1e3,
                      "step_ms": statistics.median(step) / steps * 1e3, "grad_mb": grads[name].numel() * 4 / 2**20}
         out[name]["job_samples_per_s"] = seen.item() / statistics.median(step)
         del model, opt                   # DDP before its process group
