@@ -30,7 +30,7 @@ def backend() -> str:
 def can_answer() -> bool:
     """True where the front end running this cell can answer a rank's ``input()`` or debugger
     prompt (JupyterLab, Notebook, VS Code); False under papermill, nbclient, or outside a kernel,
-    where ``breakpoint()`` in a rank fails at once (README "Debugging one rank")."""
+    where ``breakpoint()`` in a rank fails at once (docs/howto/debugging.md)."""
     from nbddp.kernel.inputbox import InputBox
 
     return InputBox.for_this_cell() is not None
@@ -52,7 +52,7 @@ def load_ipython_extension(ipython) -> None:
 
 
 def _say_who_can_connect() -> None:
-    """Once, at %load_ext (README "Logs and the store"): on a JupyterHub server, that the ranks
+    """Once, at %load_ext (docs/howto/jupyterhub.md): on a JupyterHub server, that the ranks
     got a private network and what it costs; where this machine gives none, what other local
     users can reach."""
     from nbddp.forkserver import privnet
@@ -68,7 +68,7 @@ def _say_who_can_connect() -> None:
         print(f"nbddp: no private network for this kernel's ranks here ({why}): other users of "
               f"this machine can connect to each launch's rendezvous store and its ranks' gloo "
               f"listeners on loopback (logs and pushed values stay private); "
-              f"see README \"Logs and the store\"")
+              f"see the docs' \"Teach a class on a JupyterHub\" (docs/howto/jupyterhub.md)")
 
 
 def unload_ipython_extension(ipython) -> None:

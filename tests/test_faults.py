@@ -260,7 +260,7 @@ dist.all_reduce(torch.ones(1))
 def test_children_of_a_rank_are_ended(kernel):
     """What a rank starts is ended with it: its process group is killed when it exits, fails,
     times out or is interrupted. A child that leaves the group (start_new_session=True, setsid,
-    a daemon) is outside that guarantee; see the README."""
+    a daemon) is outside that guarantee; see docs/explanation/reliability.md."""
     reply = kernel.execute("""%%ddp -n 2
 import os, subprocess, sys, time
 child = subprocess.Popen(["sleep", "300"])
@@ -404,7 +404,7 @@ def test_kernel_shutdown_while_a_cell_runs_leaves_no_worker(tmp_path, now):
 def test_child_in_its_own_session_is_outside_the_guarantee_but_does_not_hang_the_cell(kernel):
     """nbddp ends each rank's process group. A child that leaves it (start_new_session=True,
     setsid, a daemon) is not ended, as with torchrun; it must not block the cell either, even
-    while it holds the rank's stdout open. (Documented in the README.)"""
+    while it holds the rank's stdout open. (Documented in docs/howto/troubleshooting.md.)"""
     reply = kernel.execute("""%%ddp -n 2
 import subprocess
 p = subprocess.Popen(["sleep", "300"], start_new_session=True)

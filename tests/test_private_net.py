@@ -1,6 +1,6 @@
 """Many users on one server (nbddp/forkserver/privnet.py, nbddp/forkserver/storehost.py): another local user (``nobody``,
 via runuser, as root) tries what a classmate could. By default it can connect to a launch's
-store (the exposure README "Logs and the store" states); with ``NBDDP_PRIVATE_NET=1`` neither it
+store (the exposure docs/explanation/reliability.md states); with ``NBDDP_PRIVATE_NET=1`` neither it
 nor anyone outside the kernel's private network reaches the store or the ranks' gloo listeners,
 while the owner's cells run normally. Logs and pushed values are private either way."""
 import glob
@@ -109,7 +109,7 @@ def run_and_probe(k: Kernel):
 
 def test_by_default_another_user_reaches_the_store_but_not_logs_or_pushed_values(kernel):
     seen = run_and_probe(kernel)
-    assert seen["targets"][f"127.0.0.1:{seen['port']}"] == "connected"  # the exposure the README states
+    assert seen["targets"][f"127.0.0.1:{seen['port']}"] == "connected"  # the exposure the docs state
     assert seen["logs"].returncode != 0 and "Permission denied" in seen["logs"].stderr
     assert seen["pushed"] and all(r.returncode != 0 for r in seen["pushed"] + seen["planted"])
 

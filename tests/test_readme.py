@@ -35,13 +35,6 @@ BLOCKS = {
     "pip install torch --index-url https://download.pytorch.org/whl/cpu":
         None,  # both lines: torch 2.13.0 is already in .venv (setup-venv.sh put it), so pip says so
     'pip install -e ".[lessons]"': None,
-    'pip install -e ".[test]"':
-        "the lesson author's commands: tests/test_notebooks.py runs what they check (each notebook is what "
-        "build.py makes of its source; every lesson runs under papermill; the executed copies are current and "
-        "scrubbed), and executed.py reruns every lesson (5 minutes more)",
-    "#SBATCH --job-name=train":
-        "an excerpt of the job file `%ddp_export --slurm` writes, not commands to type; "
-        "tests/test_slurm.py submits the real file to a real Slurm",
 }
 # Lines of a run block that cannot run here, by their first words, and why.
 LINES = {
@@ -82,6 +75,25 @@ def test_every_readme_command_block_is_run_here_or_says_why_not():
     assert not unplanned, f"README blocks this test does not know (run them or say why not): {unplanned}"
     stale = set(BLOCKS) - {command_and_comment(block[0])[0] for block in blocks}
     assert not stale, f"blocks no longer in the README: {stale}"
+
+
+def test_the_readme_is_short_and_points_to_the_docs():
+    """A user's page: at most 150 lines of at most 200 characters, the sections a newcomer looks for;
+    the rest lives in the docs site (docs/), which it names with the command that builds it."""
+    with open(README) as f:
+        text = f.read()
+    lines = text.splitlines()
+    assert len(lines) <= 150, len(lines)
+    assert not [n for n, line in enumerate(lines, 1) if len(line) > 200]
+    sections = re.findall(r"^## (.+)$", text, re.M)
+    for needed in ("Two commands", "One cell", "Install", "Lessons", "Documentation", "Architecture"):
+        assert needed in sections, (needed, sections)
+    assert "docs/live-view.png" in text and "bash scripts/docs.sh" in text and "docs/_build/html/index.html" in text
+    assert "MIT" in text and "CHANGELOG.md" in text
+    assert "tests/" not in text, "test files are contributor material: docs/explanation/contributing.md"
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if "://" not in target:
+            assert os.path.exists(os.path.join(ROOT, target)), f"the README links a missing file: {target}"
 
 
 def test_command_and_comment_split():

@@ -1,6 +1,6 @@
 """Where a launch's per-rank files are: one place that names them, as torch.distributed.elastic's
 ``LogsSpecs`` owns its paths. The kernel writes and reads them (nbddp/sources/), the ranks
-write some (nbddp/rank/), the tests and the README point users at them, so their names are a
+write some (nbddp/rank/), the tests and the docs point users at them, so their names are a
 contract. Imports nothing but ``os.path``.
 
 In a launch's log folder (nbddp/kernel/logdirs.py)::

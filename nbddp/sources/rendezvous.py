@@ -14,8 +14,8 @@ nbddp binds the store's listening socket itself, for two reasons:
   dual-stack socket the peer is ``::ffff:127.0.0.1``, which no ``/etc/hosts`` lists, so each
   rank's connection cost a DNS query in the store's single server thread; where the DNS server
   drops a packet that is glibc's 5 s resolver timeout, and every rank of the launch waits it
-  out. On an IPv4 socket the peer is ``127.0.0.1``: no query. README "Benchmarks" has the
-  evidence.
+  out. On an IPv4 socket the peer is ``127.0.0.1``: no query. docs/explanation/performance.md
+  ("The 5 s init_process_group stalls") has the evidence.
 """
 from __future__ import annotations
 
