@@ -39,7 +39,6 @@ myst_heading_anchors = 3
 
 autodoc_typehints = "none"      # signatures as written; the docstrings say what each argument is
 autodoc_member_order = "bysource"
-autodoc_default_options = {"members": True}
 
 nitpicky = True
 smartquotes = False  # messages and hints are shown as nbddp prints them (tests/test_docs.py finds them)

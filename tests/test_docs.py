@@ -3,7 +3,8 @@ as errors, and read back.
 
 Fast (no process): the environment table names every ``NBDDP_*`` variable the code reads; the
 architecture page names every module; the generated tables' sources cover the parser and the hints;
-the pages' lines fit 200 characters.
+the pages' lines (the README's and the changelog's too) fit 200 characters; the changelog is
+in Keep a Changelog's shape.
 
 Slow (``kernel``: sphinx-build in a subprocess, once per module, into a temporary folder; Chromium):
 the build passes ``-W --keep-going -n`` (a broken cross-reference, a missing page, a lesson that fails
@@ -90,9 +91,23 @@ def test_each_hint_example_triggers_its_hint():
 
 
 def test_lines_fit_200_characters():
-    long = [f"{p.relative_to(ROOT)}:{n}" for p in pages()
+    long = [f"{p.relative_to(ROOT)}:{n}" for p in [*pages(), ROOT / "README.md", ROOT / "CHANGELOG.md"]
             for n, line in enumerate(p.read_text().splitlines(), 1) if len(line) > 200]
     assert not long, long
+
+
+def test_the_changelog_is_in_keep_a_changelog_shape():
+    import nbddp
+
+    text = (ROOT / "CHANGELOG.md").read_text()
+    versions = re.findall(r"^## \[([^\]]+)\]", text, re.M)
+    assert versions[0] == "Unreleased" and nbddp.__version__ in versions, versions
+    for block in re.split(r"^## ", text, flags=re.M)[1:]:
+        kinds = re.findall(r"^### (\w+)", block, re.M)
+        assert set(kinds) <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, kinds
+        bullets = re.findall(r"^- .*(?:\n  .*)*", block, re.M)
+        too_long = [b[:60] for b in bullets if len(b) > 400]
+        assert not too_long, f"bullets a user cannot read at a glance (over 400 characters): {too_long}"
 
 
 # ------------------------------------------------------------------ slow: the built site
