@@ -39,7 +39,7 @@ if hasattr(os, "getloadavg"):   # timings are only as good as the machine is qui
 # (64→512→512→512→10, 0.56 M parameters, 2.15 MB). For each it times, after warm-up steps,
 # - `steps` steps under `no_sync()` (no all-reduce): the compute, as **CPU time** of the rank's thread
 #   (`time.thread_time()`: the work it did; the least of `repeats` runs, as a busy machine only adds to it:
-#   cache misses after another process ran, time a virtual machine's core was taken away) and as **wall
+#   cache misses after another process ran on the core, a core slowed by busy neighbours) and as **wall
 #   time** (what it took, waiting for a core included; the median of the runs);
 # - the same steps as real DDP steps (wall time);
 # - one `all_reduce` of all the gradients, alone: the communication. It is the fastest of 30, the two
