@@ -65,6 +65,24 @@ EXAMPLES = {
         "RuntimeError: No CUDA GPUs are available",
     "ranks have no stdin|EOF when reading a line":
         "NoStdin: input('lr? '): ranks have no stdin, so input() cannot ask for a value",
+    r"mismatch between collectives|preamble\.length|op\.preamble|Mismatch in (sizes|tensor)":
+        "RuntimeError: [gloo/transport/tcp/pair.cc:…] op.preamble.length <= op.nbytes. 8 vs 4",
+    "invalid device ordinal|Duplicate GPU detected|device not set":
+        "torch.AcceleratorError: CUDA error: invalid device ordinal",
+    "device_id \\S+ does not match the current compilation's accelerator support|device_id is an int, but no "
+    "accelerator support|device_id parameter must be an accelerator":
+        "ValueError: device_id cuda:0 does not match the current compilation's accelerator support: None.",
+    "device_ids and output_device arguments only work with .*module parameters \\{device\\(type='cpu'\\)\\}":
+        "ValueError: DistributedDataParallel device_ids and output_device arguments only work with single-device/"
+        "multiple-device GPU modules or CPU modules, but got device_ids [0], output_device None, and module "
+        "parameters {device(type='cpu')}.",
+    "Torch not compiled with CUDA enabled|Cannot access accelerator device when none is available|"
+    "has no attribute '_cuda_":
+        "RuntimeError: Cannot access accelerator device when none is available.",
+    "Connection closed by peer|Connection reset by peer|connection reset|Broken pipe":
+        "RuntimeError: [gloo/transport/tcp/pair.cc:…] Connection closed by peer [127.0.0.1]:45678",
+    "timed out.*(collective|wait|store)|Socket Timeout|Timed out waiting":
+        "torch.distributed.DistStoreError: Timed out waiting for clients. 1/2 clients joined.",
 }
 
 
