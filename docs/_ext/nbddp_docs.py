@@ -121,10 +121,11 @@ def _table(header: list[str], rows: list[list[nodes.entry]], widths: list[int], 
     return table
 
 
-def _doc_ref(target: str) -> addnodes.pending_xref:
-    ref = addnodes.pending_xref("", refdomain="std", reftype="doc", reftarget=target, refexplicit=False,
+def _doc_ref(target: str, short: bool = False) -> addnodes.pending_xref:
+    """A link to page ``target``: its title, or (``short``) the page's file name."""
+    ref = addnodes.pending_xref("", refdomain="std", reftype="doc", reftarget=target, refexplicit=short,
                                 refwarn=True)
-    ref += nodes.inline("", target)
+    ref += nodes.inline("", target.rsplit("/", 1)[-1])
     return ref
 
 
@@ -180,14 +181,14 @@ class OptionsDirective(Directive):
             first += para
             first["ids"] = [nodes.make_id("option " + option["strings"][-1 if option["dest"] == "help" else 0]
                                           .lstrip("-") or option["dest"])]
-            more = _entry(_doc_ref(MORE[option["dest"]])) if option["dest"] in MORE else _entry("")
+            more = _entry(_doc_ref(MORE[option["dest"]], short=True)) if option["dest"] in MORE else _entry("")
             rows.append([first, _entry(_text(option["value"], True) if option["value"] else ""),
                          _entry(_text(option["default"], True) if option["default"] else ""),
                          _entry(option["help"]), more])
         usage = parser.format_usage().replace("usage: ", "").strip()
         block = nodes.literal_block(usage, usage, language="text")
         return [block, _table(["option", "value", "default", "what it does", "more"], rows,
-                              [20, 16, 10, 44, 10], "options-table")]
+                              [22, 16, 10, 42, 10], "options-table")]
 
 
 class MagicsDirective(Directive):
