@@ -110,6 +110,13 @@ def test_the_changelog_is_in_keep_a_changelog_shape():
         assert not too_long, f"bullets a user cannot read at a glance (over 400 characters): {too_long}"
 
 
+def test_the_docs_command_builds_as_this_test_does():
+    """scripts/docs.sh (the README's and the contributing page's one command) with the same checks."""
+    script = (ROOT / "scripts" / "docs.sh").read_text()
+    assert "-m sphinx -W --keep-going -n -b html" in script and "docs/_build/html" in script
+    assert "docs/_build/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
 # ------------------------------------------------------------------ slow: the built site
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
