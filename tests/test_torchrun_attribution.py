@@ -39,6 +39,9 @@ def test_the_rank_that_died_is_the_cause_and_its_peer_lost_it(kernel: Kernel, la
         assert launcher and (state0, cause0) == ("terminated", "stopped by torchrun after another rank failed"), states
     traceback = "\n".join(reply.error["traceback"])
     assert "hung collective" not in traceback + reply.text, reply.text
+    # the killed rank's end is when it was first seen gone, not when torchrun's summary came
+    ended = eval(kernel.ok("print([r.ended_at for r in _ddp.ranks])").stdout)
+    assert ended[1] < ended[0] + 1.0, ended
 
 
 def test_no_idle_warning_while_torchrun_ends_the_launch(kernel: Kernel):

@@ -34,6 +34,8 @@ class TorchrunRanks:
         self.by_rank: dict[int, RankResult] = {}
         self.confirmed: set[int] = set()
         self.seen: dict[int, dict] = {}       # rank → its last status file
+        self.gone_at: dict[int, float] = {}   # pid → when a rank was first seen gone without a word
+        self.here = socket.gethostname()
 
     def get(self, rank: int, local_rank: int, node_rank: int, confirmed: bool = False) -> RankResult:
         """The RankResult for ``rank`` (made where missing); ``confirmed``: by its status file,
@@ -75,8 +77,7 @@ class TorchrunRanks:
         if any(r.state in (RankState.FAILED, RankState.KILLED, RankState.TERMINATED)
                for r in self.by_rank.values()):
             return True
-        here = socket.gethostname()  # a rank that died without a word (a signal): torchrun reports it at the end
-        return any(s.get("host") == here and not _running(s["pid"]) for s in self.live().values())
+        return any(s["pid"] in self.gone_at for s in self.live().values())
 
     def sigint_path(self, rank: int) -> str:
         return RankFiles(self.status_dir).sigint(rank)
@@ -110,10 +111,13 @@ class TorchrunRanks:
             if "exitcode" in status and (old is None or "exitcode" not in old):
                 res.exception = status.get("exception")
                 self.end(res, status["exitcode"], stop, sent, status.get("ended_at"))
+        for s in self.live().values():  # died without a word (a signal): torchrun tells how at the end
+            if s["pid"] not in self.gone_at and s.get("host") == self.here and not _running(s["pid"]):
+                self.gone_at[s["pid"]] = time.time()
 
     def end(self, res: RankResult, code: int | None, stop, sent, ended_at: float | None = None,
             closed: set[int] | None = None) -> None:
-        res.exitcode, res.ended_at = code, ended_at or time.time()
+        res.exitcode, res.ended_at = code, ended_at or self.gone_at.get(res.pid) or time.time()
         others_failed = any(exitstates.failed_by_itself(r) for r in self.by_rank.values() if r is not res)
         exitstates.settle_torchrun(res, stop, sent, others_failed, closed)
         self.emit("rank_exited", res)
