@@ -137,7 +137,7 @@ assert "can't allocate memory" in oom.cause and "cell line 3" in oom.cause   # l
 
 # %% drill-b-no-speedup [markdown]
 # ### Drill B · no speedup: the forgotten `DistributedSampler`, and the cost of communication
-# One epoch over 2048 samples, batch 128 per rank: on 1 rank; on `world_size` ranks **without** a
+# One epoch over 2048 samples, batch 256 per rank: on 1 rank; on `world_size` ranks **without** a
 # `DistributedSampler` (the plain `DataLoader` gives every rank the whole data set: each rank does the
 # single-rank epoch's work, and the job is no faster, only more copies); and with it (each rank does its
 # share). Each rank runs one thread (`torch.set_num_threads(1)`), trains one epoch untimed first (the
@@ -160,7 +160,7 @@ def one_epoch(use_sampler):
                                     torch.nn.ReLU(), torch.nn.Linear(512, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     sampler = DistributedSampler(data) if use_sampler else None
-    loader = DataLoader(data, batch_size=128, sampler=sampler)
+    loader = DataLoader(data, batch_size=256, sampler=sampler)
     cpu, wall = [], []
     for epoch in range(4):                       # epoch 0: warm-up, not timed
         if sampler is not None:
