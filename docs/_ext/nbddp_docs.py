@@ -285,10 +285,9 @@ class LessonsDirective(Directive):
     def run(self):
         env = self.state.document.settings.env
         rows = []
-        for name, title in lessons(env.srcdir):
-            rows.append([_entry(_doc_ref(f"/lessons/{name}")), _entry(title),
-                         _entry(_text(f"notebooks/{name}.ipynb", True))])
-        return [_table(["page", "lesson", "to run it"], rows, [35, 40, 25], "lessons-table")]
+        for name, _title in lessons(env.srcdir):
+            rows.append([_entry(_doc_ref(f"/lessons/{name}")), _entry(_text(f"notebooks/{name}.ipynb", True))])
+        return [_table(["lesson (its page, as it ran)", "the notebook to run"], rows, [65, 35], "lessons-table")]
 
 
 def add_open_line(app, doctree):
