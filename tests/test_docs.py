@@ -174,6 +174,8 @@ def test_every_lesson_has_a_page_with_its_outputs(site):
         assert f"../lessons/{name}.html" in index, f"the tutorials page does not link {name}"
         page = built.read_text()
         assert f"notebooks/{name}.ipynb" in text_of(built), f"{name}: no way to open it"
+        if (ROOT / "notebooks" / f"{name}.ipynb").exists():  # the notebook as learners get it, to download
+            assert f'href="../notebooks/{name}.ipynb"' in page and (site / "notebooks" / f"{name}.ipynb").exists(), name
         outputs = [o for c in json.load(open(path))["cells"] for o in c.get("outputs", [])]
         if any("image/png" in o.get("data", {}) for o in outputs):
             assert "<img" in page, f"{name}: its plots are not shown"

@@ -18,10 +18,13 @@ import argparse
 import glob
 import json
 import os
+import shutil
 
 from docutils import nodes
 from docutils.parsers.rst import Directive
 from sphinx import addnodes
+
+NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "notebooks")
 
 # Where an option is explained beyond its one line (a docs page); options not named here have none.
 MORE = {
@@ -265,6 +268,9 @@ def _open_here(app, name: str) -> nodes.paragraph:
     """How to open lesson ``name``: JupyterLab from a checkout, and Binder where configured."""
     para = nodes.paragraph(classes=["nbddp-open"])
     para += nodes.Text("Open it to run: ")
+    if os.path.exists(os.path.join(NOTEBOOKS, f"{name}.ipynb")):
+        para += nodes.reference("", "download the notebook", refuri=f"../notebooks/{name}.ipynb")
+        para += nodes.Text(" and open it in JupyterLab, or ")
     command = f"jupyter lab notebooks/{name}.ipynb"
     para += nodes.literal(command, command)
     para += nodes.Text(" (from a checkout, after ")
@@ -303,6 +309,17 @@ def add_open_line(app, doctree):
         return
 
 
+def copy_notebooks(app, exception):
+    """The lessons as learners get them (notebooks/NN_name.ipynb, unexecuted) beside the site, for the
+    lesson pages' download links."""
+    if exception is not None or app.builder.format != "html":
+        return
+    out = os.path.join(app.outdir, "notebooks")
+    os.makedirs(out, exist_ok=True)
+    for path in glob.glob(os.path.join(NOTEBOOKS, "[0-9][0-9]_*.ipynb")):
+        shutil.copyfile(path, os.path.join(out, os.path.basename(path)))
+
+
 def setup(app):
     app.add_config_value("nbddp_binder_repo", "", "env")
     app.add_directive("nbddp-options", OptionsDirective)
@@ -310,4 +327,5 @@ def setup(app):
     app.add_directive("nbddp-hints", HintsDirective)
     app.add_directive("nbddp-lessons", LessonsDirective)
     app.connect("doctree-read", add_open_line)
+    app.connect("build-finished", copy_notebooks)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
