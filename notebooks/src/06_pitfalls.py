@@ -13,12 +13,20 @@ hang_timeout = 5
 # %load_ext nbddp
 
 # %% env-without-launcher-master_addr [markdown]
-# ## 1 · `env://` without a launcher: `MASTER_ADDR expected, but not set`
+# ## 1 · `env://` without a launcher: `RANK expected, but not set`
 # `init_process_group` with the default `env://` reads `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`.
 # Run the script with plain `python` (here: a subprocess, not under nbddp) and they are missing.
+#
+# > **Not the articles' line.** Articles quote `environment variable MASTER_ADDR expected, but not set` as
+# > what a script started with plain `python` prints. Torch never prints that there: `env://` reads `RANK`
+# > first, then `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` (torch/distributed/rendezvous.py), so torch 2.13
+# > says `ValueError: Error initializing torch.distributed using env:// rendezvous: environment variable
+# > RANK expected, but not set`. The `MASTER_ADDR` line comes only once rank and world size are given
+# > (as `rank=`/`world_size=` or as variables): the half-fix below, run for real.
 
 # %% env-without-launcher-master_addr-code
 import os, subprocess, sys
+os.makedirs("runs/06", exist_ok=True)
 clean = {k: v for k, v in os.environ.items()
          if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
 script = "import torch.distributed as dist\ndist.init_process_group('gloo', init_method='env://')"
@@ -30,7 +38,10 @@ half = subprocess.run([sys.executable, "-c", script], env=dict(clean, RANK="0", 
 print("exit code", half.returncode, "|", half.stderr.strip().splitlines()[-1])
 
 # %% env-without-launcher-master_addr-code-2
-assert plain.returncode != 0 and "environment variable RANK expected, but not set" in plain.stderr
+assert plain.returncode != 0 and plain.stderr.strip().splitlines()[-1] == (
+    "ValueError: Error initializing torch.distributed using env:// rendezvous: "
+    "environment variable RANK expected, but not set")
+assert "MASTER_ADDR expected" not in plain.stderr          # the articles' line is not what plain python gets
 assert "environment variable MASTER_ADDR expected, but not set" in half.stderr
 
 # %% env-without-launcher-master_addr-note [markdown]
@@ -103,8 +114,11 @@ assert torch_itself.returncode != 0 and "EADDRINUSE" in torch_itself.stderr
 assert f"MASTER_PORT {busy_port} is already in use" in port_error
 
 # %% collective-inside-if-rank-note-2 [markdown]
-# **Fix**: pick another port, or leave `--master-port` out (`%%ddp` picks a free one per launch; with torchrun
-# `--standalone` or `--rdzv-endpoint localhost:0` do the same).
+# **Fix**: pick another port, or leave `--master-port` out where something picks a free one: `%%ddp` does
+# per launch, and so do torchrun's `--standalone` and `--rdzv-endpoint localhost:0`. Plain `torchrun --nnodes 1`
+# without a port does so by itself only in recent releases (2.13, this one: torch/distributed/run.py turns
+# such a static run into c10d at `localhost:0`, pytorch#175699, early 2026); older ones (this project allows
+# torch>=2.3) use 29500 there too.
 #
 # ## 4 · A multi-node configuration that does not add up
 # `WORLD_SIZE` must be `nnodes × nproc_per_node`. 4 processes cannot be spread evenly over 3 machines, and
@@ -121,8 +135,13 @@ for line in ("-n 4 --nnodes 3", "-n 4 --nproc-per-node 3 --nnodes 2"):
 
 # %% collective-inside-if-rank-note-3 [markdown]
 # With real machines the same mistake does not fail fast: node 0 says `--nnodes 2`, node 1 is never started
-# (or says `--nnodes 3`), and rank 0 **waits at the rendezvous** for processes that never come. Here is node 0
-# of a 2-node job alone, with a short timeout instead of the default 30 minutes:
+# (or says `--nnodes 3`), and node 0 **waits at the rendezvous** for processes that never come. Under torchrun
+# its agent waits and starts no rank, for 600 s: the default of the static rendezvous's `timeout` and of
+# c10d's `join_timeout` (torch/distributed/elastic/rendezvous/static_tcp_rendezvous.py and
+# dynamic_rendezvous.py; `--rdzv-conf timeout=…` and `join_timeout=…` change them). Thirty minutes is another default:
+# `init_process_group`'s timeout with gloo (`default_pg_timeout`; NCCL's `default_pg_nccl_timeout` is 10
+# minutes, torch/distributed/constants.py), how long a plain script's rank waits there for the others. Here
+# is that rank alone (plain `python`, rank 0 of a world of 2), told to wait 3 s instead:
 
 # %% collective-inside-if-rank-code-3
 lonely = '''
@@ -133,6 +152,15 @@ env = dict(clean, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT
 alone = subprocess.run([sys.executable, "-c", lonely], env=env, capture_output=True, text=True, timeout=60)
 print("exit code", alone.returncode, "|", alone.stderr.strip().splitlines()[-1][:300])
 
+# %% collective-inside-if-rank-code-4
+import datetime, re, torch.distributed.constants as constants
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous, static_tcp_rendezvous
+waited = re.search(r"Timed out after (\d+) seconds waiting for clients\. 1/2 clients joined", alone.stderr)
+assert waited and int(waited[1]) >= 3, alone.stderr[-500:]   # torch says how long it waited, 3 s or a little more
+assert constants.default_pg_timeout == datetime.timedelta(minutes=30)                   # gloo's
+assert dynamic_rendezvous.RendezvousTimeout._DEFAULT_TIMEOUTS["join"] == datetime.timedelta(seconds=600)
+assert static_tcp_rendezvous._default_timeout_seconds == 600
+
 # %% tutorial-s-own-setup [markdown]
 # ## 5 · A tutorial's own `setup()`: hangs under torchrun, runs under `%%ddp`
 # PyTorch's DDP tutorial starts each process with its own meeting point and numbers:
@@ -142,76 +170,88 @@ print("exit code", alone.returncode, "|", alone.stderr.strip().splitlines()[-1][
 # client on a port no one serves. `%%ddp` sets the same variable, but uses its own store only when the cell
 # aims at it; aimed elsewhere, rank 0 hosts the store as in a plain script, and the cell runs. The same holds
 # in processes a rank starts with `mp.spawn` (the tutorial's whole script in a `%%ddp -n 1` cell runs).
-# First, what torch itself does: the cell under real torchrun (`--launcher torchrun`), stopped by `--timeout`.
+#
+# The tutorial's code as a script; its port and its world size come from the command line, so each run
+# below runs this very file (the tutorial writes `"12355"`, which may be taken on a shared machine):
 
-# %% tutorial-s-own-setup-ddp
-reserved = socket.socket()                     # the tutorial's 12355 may be taken on a shared machine;
-reserved.bind(("127.0.0.1", 0)); tutorial_port = reserved.getsockname()[1]   # held (not listening) so
-                                               # torchrun's own store cannot be handed the same number
-tutorial = f'''
-import os, torch, torch.distributed as dist
+# %% tutorial-s-own-setup-script
+# %%writefile runs/06/tutorial.py
+import os, sys, torch, torch.distributed as dist
 
 def setup(rank, world_size):
     os.environ["MASTER_ADDR"] = "localhost"
-    os.environ["MASTER_PORT"] = "{tutorial_port}"
+    os.environ["MASTER_PORT"] = sys.argv[1]          # the tutorial's "12355"
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
-setup(int(os.environ["RANK"]), {world_size})
+print(f"rank {os.environ['RANK']} joins a group of {sys.argv[2]}", flush=True)
+setup(int(os.environ["RANK"]), int(sys.argv[2]))   # the tutorial passes its world_size
 t = torch.ones(1); dist.all_reduce(t)
 print("all_reduce over the tutorial's own rendezvous:", t.item())
 dist.destroy_process_group()
-'''
-try:
-    get_ipython().run_cell_magic("ddp", f"-n {world_size} --launcher torchrun --timeout {4 * hang_timeout}", tutorial)
+
+# %% tutorial-s-own-setup-note-0 [markdown]
+# First, what torch itself does: the script under real torchrun (`--launcher torchrun`), stopped by `--timeout`.
+
+# %% tutorial-s-own-setup-ddp
+tutorial = open("runs/06/tutorial.py").read()  # the file above, run as the cell
+reserved = socket.socket()                     # a port for the tutorial's store, held (not listening) so
+reserved.bind(("127.0.0.1", 0)); tutorial_port = reserved.getsockname()[1]   # torchrun's own store
+try:                                           # cannot be handed the same number
+    get_ipython().run_cell_magic(
+        "ddp", f"-n {world_size} --launcher torchrun --timeout {4 * hang_timeout} -- {tutorial_port} {world_size}", tutorial)
     raise AssertionError("expected torchrun's ranks to hang")
 except nbddp.DDPTimeout as exc:
     under_torchrun = exc.result
 finally:
-    reserved.close()                           # free for the next cell's own rendezvous
+    reserved.close()                           # free for the next run's own rendezvous
 for r in under_torchrun.ranks:
     print(f"under torchrun, rank {r.rank}: {r.state}; blocked at {r.blocked_at}")
 
 # %% tutorial-s-own-setup-note [markdown]
-# The same cell under `%%ddp`:
+# The same file under `%%ddp`:
 
 # %% tutorial-s-own-setup-ddp-2
-get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60", tutorial)
+get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60 -- {tutorial_port} {world_size}", tutorial)
 own_rendezvous = _ddp
 
 # %% tutorial-s-own-setup-note-2 [markdown]
 # What cannot work on one machine fails at once, naming the line: an address that is not this machine's,
 # a port another process holds, or a `world_size` other than the launch's. Plain torch does not fail there:
-# with `world_size` one too many, the ranks wait for a rank that never comes, for the default 30 minutes.
-# Run for real, plain `python` processes with the tutorial's `setup()`, left 5 s after every one of them has
-# reached `init_process_group`:
+# with `world_size` one too many, the ranks wait for a rank that never comes, for `init_process_group`'s
+# default timeout (30 minutes with gloo, 10 with NCCL). Run for real, the same file as plain `python`
+# processes with `world_size` one too many, left 5 s after every one of them has said it joins:
 
 # %% tutorial-s-own-setup-code
 import glob, time
-os.makedirs("runs/06", exist_ok=True)
-for f in glob.glob("runs/06/joining-*"):
+for f in glob.glob("runs/06/plain-*.out"):
     os.remove(f)
-too_big = ("import os\nopen('runs/06/joining-' + os.environ['RANK'], 'w').close()   # 'I got this far'\n"
-           + tutorial.replace(f", {world_size})", f", {world_size + 1})").replace(str(tutorial_port), str(busy_port)))
-procs = [subprocess.Popen([sys.executable, "-c", too_big], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, env=dict(clean, RANK=str(r)))
+logs = [open(f"runs/06/plain-{r}.out", "w") for r in range(world_size)]
+procs = [subprocess.Popen([sys.executable, "runs/06/tutorial.py", str(busy_port), str(world_size + 1)],
+                          stdout=logs[r], stderr=subprocess.STDOUT, env=dict(clean, RANK=str(r)))
          for r in range(world_size)]
+
+def joined():
+    return sum("joins a group" in open(f"runs/06/plain-{r}.out").read() for r in range(world_size))
+
 deadline = time.monotonic() + 120
-while len(glob.glob("runs/06/joining-*")) < world_size and time.monotonic() < deadline:
+while joined() < world_size and time.monotonic() < deadline:
     time.sleep(0.2)
 time.sleep(5)
 still_waiting = [p.poll() is None for p in procs]
 for p in procs:
-    p.kill()
-printed = [p.communicate()[0] for p in procs]
+    p.kill(); p.wait()
+for log in logs:
+    log.close()
+printed = [open(f"runs/06/plain-{r}.out").read() for r in range(world_size)]
 print(f"plain torch, world_size={world_size + 1} with {world_size} processes: still waiting after 5 s:",
       still_waiting)
 
 # %% tutorial-s-own-setup-note-3 [markdown]
-# `%%ddp` refuses the same cell at once:
+# `%%ddp` refuses the same file with `world_size` one too many, at once:
 
 # %% tutorial-s-own-setup-ddp-3
 try:
-    get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60", tutorial.replace(f", {world_size})", f", {world_size + 1})"))
+    get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60 -- {tutorial_port} {world_size + 1}", tutorial)
     raise AssertionError("expected a DDPError")
 except nbddp.DDPError as exc:
     wrong_size = exc.result
@@ -221,9 +261,9 @@ print(failed.cause, "\nHint:", failed.hint)
 # %% tutorial-s-own-setup-code-2
 assert under_torchrun.timed_out and any("init_process_group" in (r.stack or "") for r in under_torchrun.ranks), \
     [r.stack for r in under_torchrun.ranks]
-assert all(still_waiting) and not any("rendezvous:" in out for out in printed), printed
+assert joined() == world_size and all(still_waiting) and not any("rendezvous:" in out for out in printed), printed
 assert own_rendezvous.ok and all(f"rendezvous: {world_size:.1f}" in r.stdout for r in own_rendezvous.ranks)
-assert f"world_size={world_size + 1} (set at cell line 10: setup(" in failed.cause
+assert f"world_size={world_size + 1} (set at cell line " in failed.cause, failed.cause
 assert f"but this %%ddp launch has {world_size} ranks" in failed.cause and failed.hint
 
 # %% check [markdown]
@@ -265,7 +305,33 @@ dist.barrier()
 dist.destroy_process_group()
 
 # %% check-answer tags=["check"]
-assert "total" in globals(), "✗ nothing to check yet: your cell should end with --pull total@0"
-assert _ddp.ok, f"✗ the cell did not finish: {_ddp.summary()} (every rank must call the collective, not only rank 0)"
-assert total == world_size, f"✗ rank 0's sum is {total}, not {world_size}: every rank contributes its 1 to all_reduce"
+assert "total" in globals() or globals().get("_ddp") is not globals().get("wrong_size"), "✗ nothing to check yet: run your fixed cell (it ends with --pull total@0)"
+assert _ddp.ok, f"✗ the cell did not finish: {_ddp.summary().splitlines()[0]} (every rank must call the collective, not only rank 0)"
+assert "total" in globals(), "✗ no total came back: the cell's first line ends with --pull total@0, and rank 0 sets total"
+assert total == world_size, f"✗ rank 0's sum is {total}, not {world_size}: read it after the all_reduce, to which every rank gives its 1"
 print(f"✓ every rank reached the all_reduce; rank 0 printed sum = {total:.0f}")
+
+# %% mistake-still-inside-if tags=["mistake"]
+# %%ddp -n $world_size --timeout 30 --pull total@0
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(1)
+if rank == 0:
+    dist.all_reduce(t)          # the barrier gone, the collective still on rank 0 only
+    total = t.item()
+    print(f"sum = {total:.0f}")
+dist.destroy_process_group()
+# expect: ✗ the cell did not finish
+
+# %% mistake-read-before-all-reduce tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull total@0
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+total = t.item()                # read before the all_reduce: rank 0's own 1
+dist.all_reduce(t)
+if dist.get_rank() == 0:
+    print(f"sum = {total:.0f}")
+dist.destroy_process_group()
+# expect: ✗ rank 0's sum is 1
