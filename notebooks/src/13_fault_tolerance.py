@@ -26,10 +26,20 @@ kill_in_epoch = 2
 # the epoch in which rank 1 dies on the first attempt (`-1`: never).
 #
 # One line differs from lesson 04: `init_process_group` gets the launcher's store under a **prefix per
-# attempt**. torchrun keeps one store for the whole job, and torch 2.13 does not separate the attempts in
-# it: a restarted group that calls plain `init_process_group("gloo")` reads the dead attempt's addresses
-# (`Gloo connectFullMesh failed … Connection refused` under plain torchrun here, a hang in
-# `init_process_group` under `%%ddp --launcher torchrun`). First a clean folder:
+# attempt**. That works around torch bugs. torchrun keeps one TCP store for the whole job (a static
+# `--master-port` always did; `--standalone` and `--rdzv-backend c10d` share the rendezvous store with the
+# ranks since mid-2024, pytorch#128096), and `init_process_group` writes its keys (each rank's gloo
+# address, NCCL's unique id) under the same names in every attempt, so a restarted group can read the dead
+# attempt's values (pytorch#135712, #167288). A restarted plain `init_process_group("gloo")` is then a race
+# with three outcomes, all seen on this machine, under plain torchrun and under `%%ddp --launcher torchrun`
+# alike (it runs the same torchrun): it works; it fails at once (`Gloo connectFullMesh failed … Connection
+# refused`: a rank dialled the dead attempt's address); or both ranks wait in gloo's connect for each other
+# until `init_process_group`'s timeout (30 minutes for gloo). NCCL meets the same: a restarted rank can read
+# the dead attempt's unique id and dial its port (#135712). Without nbddp, a torchrun user with
+# `--standalone` or c10d can set `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` in torchrun's environment: rank 0
+# then hosts a fresh store in every attempt (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py;
+# `TORCHELASTIC_USE_AGENT_STORE` becomes `False`). A static `--master-port` has no such switch; a prefix
+# per attempt, as below, works under both. First a clean folder:
 
 # %% training-script-snapshot-after-code
 import json, os, shutil, torch
@@ -92,9 +102,14 @@ for h in history:
 
 # %% same-script-without-failure [markdown]
 # ## 3 · The same script without a failure (plain `%%ddp`, no kill)
+# The script §2 exported, run as `python runs/13/train.py runs/13/clean 4 -1` would run it:
 
 # %% same-script-without-failure-ddp
-get_ipython().run_cell_magic("ddp", f"-n {world_size} --timeout 60 --output text -- runs/13/clean {epochs} -1", train)
+# %%ddp -n $world_size --timeout 60 --output text -- runs/13/clean $epochs -1
+import runpy
+_ = runpy.run_path("runs/13/train.py", run_name="__main__")   # the same file, sys.argv as given above
+
+# %% same-script-without-failure-code
 clean = [json.loads(line) for line in open("runs/13/clean/history.jsonl")]
 
 # %% check [markdown]
@@ -111,27 +126,11 @@ assert all(torch.allclose(resumed["model"][k], uninterrupted["model"][k], atol=1
 print(f"ok: killed in epoch {kill_in_epoch}, restarted by torchrun, resumed from the snapshot; the final model "
       "equals the one trained without a failure (only the half epoch was done twice)")
 
-# %% exercise [markdown]
-# ## Exercise
-# Without `--max-restarts` torchrun does not restart anything. Run the failing job so (into
-# `runs/13/no_restart`): how does the cell end, which state does `_ddp` give rank 1, and from which epoch
-# could a manual rerun resume?
-#
-# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
-# is still wrong. The solution is folded in between (click its bar to open it).
+# %% without-restarts [markdown]
+# ## 4 · Without `--max-restarts`
+# torchrun restarts nothing by default: the same failing job, into `runs/13/no_restart`.
 
-# %% try-it tags=["exercise"]
-# Your run here, for example
-#   try:
-#       get_ipython().run_cell_magic("ddp", f"-n {world_size} --launcher torchrun --timeout 150 -- runs/13/no_restart {epochs} {kill_in_epoch}", train)
-#   except nbddp.DDPError as exc:
-#       no_restart = exc.result
-
-# %% solution [markdown]
-# ### Solution
-# Folded: click the bar below (or its ⋯) to open it.
-
-# %% solution-ddp tags=["solution"]
+# %% without-restarts-code
 import nbddp
 try:
     get_ipython().run_cell_magic(
@@ -139,25 +138,68 @@ try:
     raise AssertionError("expected the job to fail")
 except nbddp.DDPError as exc:
     no_restart = exc.result
-left = torch.load("runs/13/no_restart/snapshot.pt")["epoch"]
 for r in no_restart.ranks:
-    print(f"exit code {r.exitcode}: {r.describe()[:160]}")
-print("a rerun would resume at epoch", left)
+    print(f"rank {r.rank}: {r.state}, exit code {r.exitcode}: {r.describe()[:150]}")
+
+# %% without-restarts-code-2
+by_rank = {r.rank: r for r in no_restart.ranks}
+assert (by_rank[1].state, by_rank[1].exitcode) == ("killed", -9), by_rank[1].describe()
+assert by_rank[0].state in ("failed", "terminated"), by_rank[0].describe()
+assert no_restart.ended_at - by_rank[1].ended_at < 20, "at once: seconds after the kill, not --timeout's 150"
+if by_rank[0].state == "failed":   # its all-reduce saw the lost peer before torchrun's SIGTERM came
+    assert "by peer" in by_rank[0].cause and by_rank[0].hint.startswith("another rank ended"), by_rank[0]
+
+# %% without-restarts-note [markdown]
+# The job ends at once. The rank that **survived** either raised in its next all-reduce (gloo's
+# `Connection closed by peer` or `reset by peer`, with the one-line hint "another rank ended") or was
+# stopped by torchrun's fail-fast (SIGTERM), whichever came first: a symptom either way. The cause is the
+# rank that ended first, by SIGKILL, its last line "killed on purpose". Beware of torchrun's own summary:
+# its "Root Cause (first observed failure)" is the failure with the earliest timestamp in whole seconds
+# (torch/distributed/elastic/multiprocessing/api.py, errors/__init__.py), and a rank killed by a signal gets
+# the second torchrun noticed it, so the survivor's error, written a moment later, can be named instead.
+
+# %% exercise [markdown]
+# ## Exercise
+# From the run without restarts: which rank's end **caused** the failure (`culprit`), and with which epoch
+# would a rerun of the same command start (`resume_at`)? Read `no_restart` and the snapshot
+# (`torch.load("runs/13/no_restart/snapshot.pt")`).
+#
+# Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
+# is still wrong. The solution is folded in between (click its bar to open it).
+
+# %% try-it tags=["exercise"]
+# Your answers here:
+#   culprit = ...     # the rank whose end caused the failure
+#   resume_at = ...   # the epoch a rerun starts with
+
+# %% solution [markdown]
+# ### Solution
+# Folded: click the bar below (or its ⋯) to open it.
+
+# %% solution-code tags=["solution"]
+culprit = next(r.rank for r in no_restart.ranks if r.state == "killed")   # ended first, by SIGKILL
+resume_at = torch.load("runs/13/no_restart/snapshot.pt")["epoch"]        # saved after epoch 1: "epoch": 2
+print(f"rank {culprit} caused it; a rerun resumes with epoch {resume_at}")
 
 # %% solution-note [markdown] tags=["solution"]
-# The job ends at once. The rank that **survived** either reports an error (`Connection closed` or `reset by
-# peer`) — when its next all-reduce noticed the lost peer before torchrun's agent did — or was stopped by
-# torchrun (SIGTERM), whichever came first; both are
-# symptoms, not the cause. The cause is in the log of the rank whose process died (`SIGKILL`, and its last
-# line, "killed on purpose"). The snapshot of epoch 1 is still there: rerunning the cell would resume at
-# epoch 2, the same as torchrun's restart did.
+# Rank 1 ended first (SIGKILL); rank 0 only lost its peer, or was stopped. The snapshot holds the state
+# *after* epoch 1 and says `"epoch": 2`: the epoch a rerun starts with, the same as torchrun's restart did.
 
 # %% check-answer tags=["check"]
-assert "no_restart" in globals(), "✗ nothing to check yet: keep the failed run's result as `no_restart` (exc.result)"
-assert no_restart.ranks[1].exitcode == -9, f"✗ rank 1 exited with {no_restart.ranks[1].exitcode}, not -9 (SIGKILL): run the failing job, without --max-restarts"
-survivor = no_restart.ranks[0].describe()
-assert "by peer" in survivor or "stopped by torchrun" in survivor, f"✗ rank 0 should report its lost peer (closed / reset by peer) or that torchrun stopped it: {survivor[:120]}"
-left = torch.load("runs/13/no_restart/snapshot.pt")["epoch"]
-assert left == kill_in_epoch, f"✗ the snapshot says epoch {left}: the run into runs/13/no_restart should have saved {kill_in_epoch} epochs"
-print(f"✓ no restart: rank 1 was killed (-9), rank 0 {'lost its peer' if 'by peer' in survivor else 'was stopped by torchrun'}, "
-      f"and a rerun would resume at epoch {left}")
+assert "culprit" in globals() and "resume_at" in globals(), "✗ nothing to check yet: set culprit and resume_at"
+assert culprit != 0, "✗ rank 0 did not cause it: it lost its peer in an all-reduce (or torchrun stopped it); which rank ended first?"
+assert culprit == 1, f"✗ culprit = {culprit!r}: the rank whose process died first (its state in no_restart is 'killed')"
+saved = torch.load("runs/13/no_restart/snapshot.pt")["epoch"]
+assert resume_at != saved - 1, f"✗ resume_at = {resume_at}: epoch {saved - 1} is the last one saved; the snapshot holds the state after it"
+assert resume_at == saved == kill_in_epoch, f"✗ resume_at = {resume_at!r}: the snapshot says epoch {saved}"
+print(f"✓ rank {culprit} caused it (SIGKILL); rank 0 only lost its peer; a rerun resumes with epoch {resume_at}")
+
+# %% mistake-torchruns-root-cause tags=["mistake"]
+culprit = 0       # the rank with the error message (torchrun's "Root Cause" can name it)
+resume_at = 2
+# expect: ✗ rank 0 did not cause it
+
+# %% mistake-last-saved tags=["mistake"]
+culprit = 1
+resume_at = torch.load("runs/13/no_restart/snapshot.pt")["epoch"] - 1   # "the last epoch saved"
+# expect: ✗ resume_at = 1: epoch 1 is the last one saved
