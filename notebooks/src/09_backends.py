@@ -160,7 +160,7 @@ dist.destroy_process_group()
 assert all(name in globals() for name in ("bcast", "allred", "nbytes")), "✗ nothing to check yet: your cell should end with --pull bcast@0,allred@0,nbytes@0"
 assert nbytes == 2 ** 20, f"✗ the tensor has {nbytes:,} bytes, not 1 MiB ({2 ** 20:,}): 2**18 float32 elements of 4 bytes each"
 ref = dict(rows)[2 ** 20] * 1e3                       # section 2's all_reduce of 1 MiB, in ms
-assert ref / 10 < allred < ref * 10, f"✗ all_reduce took {allred} 'ms', section 2 measured {ref:.3f} ms for 1 MiB: time one call (divide by the repeats) in milliseconds (seconds × 1e3)"
+assert ref / 5 < allred < ref * 20, f"✗ all_reduce took {allred} 'ms', section 2 measured {ref:.3f} ms for 1 MiB: time one call (divide by the repeats) in milliseconds (seconds × 1e3)"
 assert bcast < allred, f"✗ broadcast ({bcast:.3f} ms) was not faster than all_reduce ({allred:.3f} ms): warm up first, then take the median of several calls, each after a barrier"
 print(f"✓ broadcast {bcast:.3f} ms, all_reduce {allred:.3f} ms")
 
