@@ -36,7 +36,7 @@ if hasattr(os, "getloadavg"):   # timings are only as good as the machine is qui
 # Each rank uses **one** thread (`torch.set_num_threads(1)`: a rank is one core, as a rank is one GPU), takes
 # a batch of 32 digits per step (so the global batch grows with the ranks: *weak scaling*), and measures two
 # models: a **small** MLP (64→96→10, 7 K parameters, 28 KB of gradients) and a **wide** one
-# (64→512→512→512→10, 0.56 M parameters, 2.15 MB). For each it times, after warm-up steps,
+# (64→512→512→512→10, 0.56 M parameters, 2.15 MiB). For each it times, after warm-up steps,
 # - `steps` steps under `no_sync()` (no all-reduce): the compute, as **CPU time** of the rank's thread
 #   (`time.thread_time()`: the work it did; the least of `repeats` runs, as a busy machine only adds to it:
 #   cache misses after another process ran on the core, a core slowed by busy neighbours) and as **wall
@@ -46,9 +46,9 @@ if hasattr(os, "getloadavg"):   # timings are only as good as the machine is qui
 #   models' all-reduces taken in turn, so both meet the same load.
 #
 # **What this machine cannot show** is the speed-up itself. N ranks give N× the samples per second only when
-# each rank has a device (here: a core) of its own for the whole run. This machine has 2 cores, and other
-# programs use them too (the test suite runs three lessons at a time; the executed copy in docs/lessons was
-# made on such a busy machine), so a 2-rank job may get close to 2× or not at all, and 4 ranks on 2 cores
+# each rank has a device (here: a core) of its own for the whole run. The machines these lessons are tested
+# on have 2 cores (the top of the lesson prints this one's), and other programs use them too (the test suite
+# runs three lessons at a time; the executed copy in docs/lessons was made on such a busy machine), so a 2-rank job may get close to 2× or not at all, and 4 ranks on 2 cores
 # cannot get it. The job's throughput is printed below for what it is, one reading of a shared machine; the
 # lesson asserts only what holds however busy the machine is.
 
@@ -110,7 +110,7 @@ scaling = {n: nbddp.run(measure, n=n, args=(steps, repeats), timeout=120, sinks=
 for name in ("small", "wide"):
     for n, per_rank in scaling.items():
         m = per_rank[0][name]
-        print(f"{name:5} ({m['grad_mb']:.2f} MB of gradients), {n} rank(s), rank 0: compute {m['cpu_ms']:5.2f} ms CPU "
+        print(f"{name:5} ({m['grad_mb']:.2f} MiB of gradients), {n} rank(s), rank 0: compute {m['cpu_ms']:5.2f} ms CPU "
               f"in {m['wall_ms']:5.2f} ms wall per step; all-reduce alone {m['allreduce_ms']:5.2f} ms; "
               f"a DDP step {m['step_ms']:5.2f} ms; the job: {m['job_samples_per_s']:6.0f} samples/s")
 
@@ -129,7 +129,7 @@ a.legend(fontsize=8); a.set_title(f"compute per step and rank: the same work at 
 for i, name in enumerate(("small", "wide")):
     counts = [n for n in rank_counts if n > 1]
     b.plot(counts, [scaling[n][0][name]["allreduce_ms"] for n in counts], "o-", color=f"C{i + 2}",
-           label=f"{name}: {scaling[1][0][name]['grad_mb']:.2f} MB of gradients")
+           label=f"{name}: {scaling[1][0][name]['grad_mb']:.2f} MiB of gradients")
 b.set_xticks(counts); b.set_xlabel("ranks"); b.set_ylim(0); b.set_ylabel("all_reduce of the gradients (ms)")
 b.legend(fontsize=8); b.set_title("communication grows with the model, not the batch")
 fig.tight_layout(); plt.show()
@@ -158,7 +158,7 @@ print("as the text says: the same work per rank at every world size; with 4 rank
 # other programs run; the assert asks for 1.4× at least); even on 1 or 2 ranks the wall time exceeds the CPU time whenever other programs
 # want the same cores. A speed-up needs the first bar to stay as low as the second, on every rank, at once.
 # **Right**: the all-reduce moves every gradient every step, so it grows with the **model**: the wide
-# model's 2.15 MB cost more than the small one's 28 KB, whatever the batch. (It is measured alone here, the
+# model's 2.15 MiB cost more than the small one's 28 KB, whatever the batch. (It is measured alone here, the
 # fastest of 30: the cost of the bytes. A real DDP step, printed above, is often longer than compute plus that
 # on a busy machine: a rank that waits for its peer sleeps, and the OS wakes it late. On free cores
 # backward hides part of the all-reduce instead, section 2.) The small model's CPU times are short (a few
@@ -173,7 +173,7 @@ print("as the text says: the same work per rank at every world size; with 4 rank
 
 # %% timeline [markdown]
 # ## 2 · One DDP step, as a timeline
-# The wide model on `world_size` ranks, with `bucket_cap_mb=0.25` so its gradients travel in several buckets (a 512×512 layer is 1 MB).
+# The wide model on `world_size` ranks, with `bucket_cap_mb=0.25` so its gradients travel in several buckets (a 512×512 layer is 1 MiB).
 # Each rank records, against one clock (`time.time()` after a barrier: both ranks run on this machine), when
 # forward, backward and `opt.step()` start and end, and, through a communication hook (lesson 12), when each
 # bucket's all-reduce is launched and when it completes.
