@@ -31,10 +31,10 @@ kill_in_epoch = 2
 # ranks since mid-2024, pytorch#128096), and `init_process_group` writes its keys (each rank's gloo
 # address, NCCL's unique id) under the same names in every attempt, so a restarted group can read the dead
 # attempt's values (pytorch#135712, #167288). A restarted plain `init_process_group("gloo")` is then a race
-# with three outcomes, all seen on this machine, under plain torchrun and under `%%ddp --launcher torchrun`
-# alike (it runs the same torchrun): it works; it fails at once (`Gloo connectFullMesh failed … Connection
-# refused`: a rank dialled the dead attempt's address); or both ranks wait in gloo's connect for each other
-# until `init_process_group`'s timeout (30 minutes for gloo). NCCL meets the same: a restarted rank can read
+# with three outcomes, all three seen on this machine under plain torchrun (and `%%ddp --launcher torchrun`
+# runs the same torchrun, so it meets the same race): it works; it fails at once (`Gloo connectFullMesh
+# failed … Connection refused`: a rank dialled the dead attempt's address); or both ranks wait in gloo's
+# connect for each other until `init_process_group`'s timeout (30 minutes for gloo). NCCL meets the same: a restarted rank can read
 # the dead attempt's unique id and dial its port (#135712). Without nbddp, a torchrun user with
 # `--standalone` or c10d can set `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` in torchrun's environment: rank 0
 # then hosts a fresh store in every attempt (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py;
