@@ -116,9 +116,9 @@ assert f"MASTER_PORT {busy_port} is already in use" in port_error
 # %% collective-inside-if-rank-note-2 [markdown]
 # **Fix**: pick another port, or leave `--master-port` out where something picks a free one: `%%ddp` does
 # per launch, and so do torchrun's `--standalone` and `--rdzv-endpoint localhost:0`. Plain `torchrun --nnodes 1`
-# without a port does so by itself only in recent releases (2.13, this one: torch/distributed/run.py turns
-# such a static run into c10d at `localhost:0`, pytorch#175699, early 2026); older ones (this project allows
-# torch>=2.3) use 29500 there too.
+# without a port does so by itself only since torch 2.12 (torch/distributed/run.py turns such a static run
+# into c10d at `localhost:0`, pytorch#175699); 2.11 and older (this project allows torch>=2.3) use 29500
+# there too, so two such jobs on one machine collide. Lesson 02 shows both.
 #
 # ## 4 · A multi-node configuration that does not add up
 # `WORLD_SIZE` must be `nnodes × nproc_per_node`. 4 processes cannot be spread evenly over 3 machines, and
@@ -136,9 +136,11 @@ for line in ("-n 4 --nnodes 3", "-n 4 --nproc-per-node 3 --nnodes 2"):
 # %% collective-inside-if-rank-note-3 [markdown]
 # With real machines the same mistake does not fail fast: node 0 says `--nnodes 2`, node 1 is never started
 # (or says `--nnodes 3`), and node 0 **waits at the rendezvous** for processes that never come. Under torchrun
-# its agent waits and starts no rank, for 600 s: the default of the static rendezvous's `timeout` and of
-# c10d's `join_timeout` (torch/distributed/elastic/rendezvous/static_tcp_rendezvous.py and
-# dynamic_rendezvous.py; `--rdzv-conf timeout=…` and `join_timeout=…` change them). Thirty minutes is another default:
+# its agent waits and starts no rank: 900 s with the static rendezvous of `--master-addr`/`--master-port`
+# (torchrun gives it no timeout, so `LaunchConfig`'s default of 900 s applies, torch/distributed/launcher/api.py;
+# the rendezvous's own 600 s default is for callers that give none), 600 s with c10d (`--rdzv-backend c10d`,
+# `--standalone`: its `join_timeout`, dynamic_rendezvous.py). `--rdzv-conf timeout=…` and `join_timeout=…`
+# change them. Thirty minutes is another default:
 # `init_process_group`'s timeout with gloo (`default_pg_timeout`; NCCL's `default_pg_nccl_timeout` is 10
 # minutes, torch/distributed/constants.py), how long a plain script's rank waits there for the others. Here
 # is that rank alone (plain `python`, rank 0 of a world of 2), told to wait 3 s instead:
@@ -154,12 +156,14 @@ print("exit code", alone.returncode, "|", alone.stderr.strip().splitlines()[-1][
 
 # %% collective-inside-if-rank-code-4
 import datetime, re, torch.distributed.constants as constants
-from torch.distributed.elastic.rendezvous import dynamic_rendezvous, static_tcp_rendezvous
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+from torch.distributed.launcher.api import LaunchConfig
 waited = re.search(r"Timed out after (\d+) seconds waiting for clients\. 1/2 clients joined", alone.stderr)
 assert waited and int(waited[1]) >= 3, alone.stderr[-500:]   # torch says how long it waited, 3 s or a little more
 assert constants.default_pg_timeout == datetime.timedelta(minutes=30)                   # gloo's
-assert dynamic_rendezvous.RendezvousTimeout._DEFAULT_TIMEOUTS["join"] == datetime.timedelta(seconds=600)
-assert static_tcp_rendezvous._default_timeout_seconds == 600
+assert dynamic_rendezvous.RendezvousTimeout._DEFAULT_TIMEOUTS["join"] == datetime.timedelta(seconds=600)  # c10d
+# what torchrun's static rendezvous gets: run.py builds a LaunchConfig with no timeout of its own
+assert LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=1).rdzv_configs["timeout"] == 900
 
 # %% tutorial-s-own-setup [markdown]
 # ## 5 · A tutorial's own `setup()`: hangs under torchrun, runs under `%%ddp`
