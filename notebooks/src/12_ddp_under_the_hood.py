@@ -90,7 +90,7 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo")
 world = dist.get_world_size()
 
-def average(state, bucket):                       # what DDP's default hook does
+def average(state, bucket):       # the same result as DDP's default (which divides before the all-reduce)
     fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
     return fut.then(lambda f: f.value()[0] / world)
 
@@ -185,10 +185,11 @@ dist.destroy_process_group()
 # backward **all-reduces** two per-channel sums of the gradient (torch 2.13,
 # `torch/nn/modules/_functions.py`, class `SyncBatchNorm`). The counts weight each rank's statistics, so
 # ranks may have different batch sizes; all-reducing the sums, sums of squares and counts would give the
-# same numbers, but that is not what torch does. torch runs it only on GPUs; on CPU it
-# refuses (caught below, torch's own message). So the forward's statistics are done by hand here, the same
-# way (all-gather each rank's mean, variance and count, combine), and compared with a `BatchNorm` over the
-# whole global batch.
+# same numbers, but that is not what torch does. torch runs it only on accelerators: its forward accepts
+# inputs on CUDA, XPU, HPU or a PrivateUse1 backend (`torch/nn/modules/batchnorm.py`), and DDP refuses a CPU
+# module that contains one (caught below: torch's own message, from DDP's constructor). So the forward's
+# statistics are done by hand here, the same way (all-gather each rank's mean, variance and count, combine),
+# and compared with a `BatchNorm` over the whole global batch.
 
 # %% batchnorm-across-ranks-syncbatchnorm-ddp
 # %%ddp -n $world_size --timeout 60 --pull bn
@@ -255,24 +256,37 @@ if world_size > 1:
 
 # %% uneven-inputs-join [markdown]
 # The same loop inside `with Join([model]):` finishes: a rank that ran out of data keeps answering the
-# others' all-reduces (with zeros, so the average is over the ranks that still had data) until all are done.
+# others' all-reduces, with zeros, until all are done. By default the sum is still divided by the **initial**
+# world size, so a step that only the late rank takes moves it by 1/N of its own gradient;
+# `Join([model], divide_by_initial_world_size=False)` divides by the ranks still training instead (torch 2.13,
+# `DistributedDataParallel.join_hook` in `torch/nn/parallel/distributed.py`). Below, the last rank compares
+# the gradient of its lone last step with the one its own batch gives, under both settings.
 
 # %% uneven-inputs-join-ddp
-# %%ddp -n $world_size --timeout 60 --pull steps,weights
-import torch, torch.distributed as dist
+# %%ddp -n $world_size --timeout 60 --pull steps,weights,alone
+import copy, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.join import Join
 dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = DDP(torch.nn.Linear(4, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+rank, world = dist.get_rank(), dist.get_world_size()
 steps = 3 + rank                                   # rank r has 3 + r batches
-with Join([model]):
-    for step in range(steps):
-        opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
-dist.barrier()                                     # e.g. before rank 0 saves a checkpoint
-weights = model.module.weight.sum().item()
-print(f"rank {rank}: {steps} steps, weight sum {weights:.6f}")
+alone = {}                                         # last rank: DDP's gradient / its own, on its lone last step
+for divide in (True, False):
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(4, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Join([model], divide_by_initial_world_size=divide):
+        for step in range(steps):
+            x = torch.randn(8, 4)
+            own = copy.deepcopy(model.module); own(x).pow(2).mean().backward()   # this rank's batch only
+            opt.zero_grad(); model(x).pow(2).mean().backward()
+            if rank == world - 1 and step == steps - 1:                          # every other rank has joined
+                alone[f"divide_by_initial_world_size={divide}"] = (model.module.weight.grad / own.weight.grad).mean().item()
+            opt.step()
+    dist.barrier()                                 # e.g. before rank 0 saves a checkpoint
+    if divide:
+        weights = model.module.weight.sum().item()
+    del model
+print(f"rank {rank}: {steps} steps, weight sum {weights:.6f}" + (f"; lone last step, DDP's gradient / its own: {alone}" if alone else ""))
 dist.destroy_process_group()
 
 # %% check [markdown]
@@ -297,6 +311,9 @@ for b in bn:
 if world_size > 1:
     assert without_join.timed_out and any("backward" in (r.blocked_at or "") for r in without_join.ranks)
 assert steps == [3 + r for r in range(world_size)] and len({round(w, 6) for w in weights}) == 1, (steps, weights)
+if world_size > 1:                          # Join's default divides by the initial world size; False: by the ranks left
+    assert abs(alone[-1]["divide_by_initial_world_size=True"] - 1 / world_size) < 1e-5, alone
+    assert abs(alone[-1]["divide_by_initial_world_size=False"] - 1) < 1e-5, alone
 print("ok: DDP by hand == DDP; buckets overlap backward; unused parameters, BatchNorm statistics and uneven "
       "inputs behave as described")
 
@@ -343,12 +360,12 @@ for model in (plain, compressed):
     model(x).pow(2).mean().backward()
 gap = max(((a.grad - b.grad).abs().max() / a.grad.abs().max()).item()
           for a, b in zip(plain.parameters(), compressed.parameters()))
-print(f"rank {rank}: largest relative difference {gap:.2e} (bfloat16 keeps ~3 significant digits)")
+print(f"rank {rank}: largest relative difference {gap:.2e} (bfloat16 keeps ~2-3 significant digits)")
 dist.destroy_process_group()
 
 # %% check-answer tags=["check"]
 assert "gap" in globals(), "✗ nothing to check yet: your cell should end with --pull gap"
-assert all(g > 1e-4 for g in gap), f"✗ the gradients differ by only {min(gap):.1e}, less than bfloat16's rounding (about 1e-3): is the hook registered, and does it all-reduce a bfloat16 copy of the bucket?"
+assert all(g > 1e-4 for g in gap), f"✗ the gradients differ by only {min(gap):.1e}, less than bfloat16's rounding (8 significant bits: up to 2^-8 ≈ 4e-3 of each value): is the hook registered, and does it all-reduce a bfloat16 copy of the bucket?"
 assert all(g < 2e-2 for g in gap), f"✗ the gradients differ by up to {max(gap):.2e}: divide the sum by the world size, and copy it back into the bucket's buffer"
 print(f"✓ close, not equal: bfloat16 rounding moves the gradients by at most {max(gap):.2e}")
 
@@ -377,7 +394,7 @@ for model in (plain, compressed):
     model(x).pow(2).mean().backward()
 gap = max(((a.grad - b.grad).abs().max() / a.grad.abs().max()).item()
           for a, b in zip(plain.parameters(), compressed.parameters()))
-print(f"rank {rank}: largest relative difference {gap:.2e} (bfloat16 keeps ~3 significant digits)")
+print(f"rank {rank}: largest relative difference {gap:.2e} (bfloat16 keeps ~2-3 significant digits)")
 dist.destroy_process_group()
 # expect: ✗ the gradients differ by up to
 
@@ -406,6 +423,6 @@ for model in (plain, compressed):
     model(x).pow(2).mean().backward()
 gap = max(((a.grad - b.grad).abs().max() / a.grad.abs().max()).item()
           for a, b in zip(plain.parameters(), compressed.parameters()))
-print(f"rank {rank}: largest relative difference {gap:.2e} (bfloat16 keeps ~3 significant digits)")
+print(f"rank {rank}: largest relative difference {gap:.2e} (bfloat16 keeps ~2-3 significant digits)")
 dist.destroy_process_group()
 # expect: ✗ the gradients differ by only
