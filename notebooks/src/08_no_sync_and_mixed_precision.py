@@ -23,7 +23,7 @@ accum = 4
 # %% no_sync-gives-big-batch [markdown]
 # ## 1 · `no_sync` gives the big-batch gradient, with one all-reduce instead of `accum`
 # A DDP comm hook counts how often DDP all-reduces: it is called **once per gradient bucket** each time DDP
-# synchronises (DDP packs gradients into buckets of `bucket_cap_mb`, 25 MB by default; this model fits in
+# synchronises (DDP packs gradients into buckets of `bucket_cap_mb`, 25 MiB by default; this model fits in
 # one, lesson 12 shows more). A plain copy of the model computes the big-batch gradient. Four ways to
 # accumulate: `no_sync` around forward and backward, no `no_sync` at all (with the loss divided by `accum`),
 # `no_sync` around the backward only, and the articles' loop (no `no_sync`, the loss not divided).
@@ -220,21 +220,22 @@ print("ok: no_sync accumulation == big batch, with", results[0]["no_sync"]["hook
 #    `X = torch.randn(world * accum, 8, 6, generator=torch.Generator().manual_seed(0))`; rank `r`'s micro-batch
 #    `i` is `X[r * accum + i]`, and its loss `model(xb).float().pow(2).mean()`. Report
 #    `grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()`;
-# 3. after `opt.step()` the weights are identical across ranks (`all_gather` a checksum): `identical`.
+# 3. after `opt.step()` the weights are identical across ranks (`all_gather` a checksum): `identical`;
+# 4. the forward ran in bfloat16: `out_dtype = str(out.dtype)`, `out` being the model's output under autocast.
 #
 # Try it in the cell below first, then run the **check** at the end of this section: it says in one line what
 # is still wrong. The solution is folded in between (click its bar to open it).
 
 # %% try-it tags=["exercise"]
 # Your accumulation here, in a cell that starts with
-#   %%ddp -n $world_size --timeout 60 --pull calls,grad,identical -- $accum
+#   %%ddp -n $world_size --timeout 60 --pull calls,grad,identical,out_dtype -- $accum
 
 # %% solution [markdown]
 # ### Solution
 # Folded: click the bar below (or its ⋯) to open it.
 
 # %% solution-ddp tags=["solution"]
-# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical -- $accum
+# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical,out_dtype -- $accum
 import contextlib, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -256,6 +257,7 @@ for i in range(accum):
             out = model(X[rank * accum + i])
         (out.float().pow(2).mean() / accum).backward()
 grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
+out_dtype = str(out.dtype)
 opt.step()
 checksum = torch.tensor([sum(p.sum().item() for p in model.parameters())])
 every = [torch.zeros(1) for _ in range(world)]; dist.all_gather(every, checksum)
@@ -264,23 +266,25 @@ print(f"{calls} all-reduce call(s); replicas identical: {identical}")
 dist.destroy_process_group()
 
 # %% check-answer tags=["check"]
-assert all(n in globals() for n in ("calls", "grad", "identical")), "✗ nothing to check yet: your cell should end with --pull calls,grad,identical"
+assert all(n in globals() for n in ("calls", "grad", "identical", "out_dtype")), "✗ nothing to check yet: your cell should end with --pull calls,grad,identical,out_dtype"
 import torch
 torch.manual_seed(0)
 big = torch.nn.Linear(6, 1)                       # the same weights as every rank's model
 X_all = torch.randn(world_size * accum, 8, 6, generator=torch.Generator().manual_seed(0))
 big(X_all.reshape(-1, 6)).pow(2).mean().backward()   # the whole global batch, float32, no DDP
 want = torch.cat([p.grad.flatten() for p in big.parameters()])
+assert max(calls) > 0, f"✗ DDP never all-reduced (per rank: {calls}): the last micro-batch must run outside no_sync(), so its backward all-reduces what the others accumulated"
 assert all(c == 1 for c in calls), f"✗ DDP all-reduced {max(calls)} times for one step (per rank: {calls}): run the first accum-1 micro-batches, forward and backward, inside model.no_sync()"
+assert all(identical), f"✗ ranks {[r for r, i in enumerate(identical) if not i]} see different weights after one all-reduce: it must come with the last micro-batch (the first accum-1 inside no_sync(), the last outside), after the others accumulated"
+assert all(str(d) == "torch.bfloat16" for d in out_dtype), f"✗ the forward ran in {out_dtype[0]}, not bfloat16: run model(xb) under torch.autocast('cpu', dtype=torch.bfloat16)"
 ratio = torch.tensor(grad[0]).norm().item() / want.norm().item()
 whole = all(torch.allclose(torch.tensor(g), want, rtol=0.03, atol=1e-3) for g in grad)   # bfloat16: within 3%
 assert whole or abs(ratio - accum) > 0.2, f"✗ the gradient is {ratio:.2f}× the whole batch's: divide each micro-batch's loss by accum"
 assert whole, f"✗ the gradient {[round(v, 4) for v in grad[0]]} is not the whole batch's {[round(v, 4) for v in want.tolist()]}: the model, data and loss as the exercise gives them?"
-assert all(identical), f"✗ ranks {[r for r, i in enumerate(identical) if not i]} see different weights: the last micro-batch must run outside no_sync() so its backward all-reduces"
-print(f"✓ one all-reduce for {accum} micro-batches, the whole batch's gradient (bfloat16 within 3%), identical replicas")
+print(f"✓ one all-reduce for {accum} micro-batches, a bfloat16 forward, the whole batch's gradient (within 3%), identical replicas")
 
 # %% mistake-no-no_sync tags=["mistake"]
-# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical -- $accum
+# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical,out_dtype -- $accum
 import sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -300,6 +304,7 @@ for i in range(accum):                            # every backward syncs: no no_
         out = model(X[rank * accum + i])
     (out.float().pow(2).mean() / accum).backward()
 grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
+out_dtype = str(out.dtype)
 opt.step()
 checksum = torch.tensor([sum(p.sum().item() for p in model.parameters())])
 every = [torch.zeros(1) for _ in range(world)]; dist.all_gather(every, checksum)
@@ -308,7 +313,7 @@ dist.destroy_process_group()
 # expect: ✗ DDP all-reduced 4 times
 
 # %% mistake-not-divided tags=["mistake"]
-# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical -- $accum
+# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical,out_dtype -- $accum
 import contextlib, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -329,9 +334,99 @@ for i in range(accum):
             out = model(X[rank * accum + i])
         out.float().pow(2).mean().backward()      # the loss not divided by accum
 grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
+out_dtype = str(out.dtype)
 opt.step()
 checksum = torch.tensor([sum(p.sum().item() for p in model.parameters())])
 every = [torch.zeros(1) for _ in range(world)]; dist.all_gather(every, checksum)
 identical = all(torch.equal(e, every[0]) for e in every)
 dist.destroy_process_group()
 # expect: ✗ the gradient is 4\.\d\d× the whole batch's
+
+# %% mistake-all-in-no_sync tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical,out_dtype -- $accum
+import contextlib, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+dist.init_process_group("gloo")
+rank, world, accum = dist.get_rank(), dist.get_world_size(), int(sys.argv[1])
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(6, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+calls = 0
+def counting(state, bucket):
+    global calls
+    calls += 1
+    return allreduce_hook(state, bucket)
+model.register_comm_hook(None, counting)
+X = torch.randn(world * accum, 8, 6, generator=torch.Generator().manual_seed(0))
+with model.no_sync():                             # every micro-batch inside: nothing ever syncs
+    for i in range(accum):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(X[rank * accum + i])
+        (out.float().pow(2).mean() / accum).backward()
+grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
+out_dtype = str(out.dtype)
+opt.step()
+checksum = torch.tensor([sum(p.sum().item() for p in model.parameters())])
+every = [torch.zeros(1) for _ in range(world)]; dist.all_gather(every, checksum)
+identical = all(torch.equal(e, every[0]) for e in every)
+dist.destroy_process_group()
+# expect: ✗ DDP never all-reduced
+
+# %% mistake-sync-first tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical,out_dtype -- $accum
+import contextlib, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+dist.init_process_group("gloo")
+rank, world, accum = dist.get_rank(), dist.get_world_size(), int(sys.argv[1])
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(6, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+calls = 0
+def counting(state, bucket):
+    global calls
+    calls += 1
+    return allreduce_hook(state, bucket)
+model.register_comm_hook(None, counting)
+X = torch.randn(world * accum, 8, 6, generator=torch.Generator().manual_seed(0))
+for i in range(accum):
+    with model.no_sync() if i > 0 else contextlib.nullcontext():   # syncs the first micro-batch, not the last
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(X[rank * accum + i])
+        (out.float().pow(2).mean() / accum).backward()
+grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
+out_dtype = str(out.dtype)
+opt.step()
+checksum = torch.tensor([sum(p.sum().item() for p in model.parameters())])
+every = [torch.zeros(1) for _ in range(world)]; dist.all_gather(every, checksum)
+identical = all(torch.equal(e, every[0]) for e in every)
+dist.destroy_process_group()
+# expect: ✗ ranks \[0, 1\] see different weights
+
+# %% mistake-float32 tags=["mistake"]
+# %%ddp -n $world_size --timeout 60 --pull calls,grad,identical,out_dtype -- $accum
+import contextlib, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+dist.init_process_group("gloo")
+rank, world, accum = dist.get_rank(), dist.get_world_size(), int(sys.argv[1])
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(6, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+calls = 0
+def counting(state, bucket):
+    global calls
+    calls += 1
+    return allreduce_hook(state, bucket)
+model.register_comm_hook(None, counting)
+X = torch.randn(world * accum, 8, 6, generator=torch.Generator().manual_seed(0))
+for i in range(accum):
+    with model.no_sync() if i < accum - 1 else contextlib.nullcontext():
+        out = model(X[rank * accum + i])          # no autocast: float32
+        (out.float().pow(2).mean() / accum).backward()
+grad = torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
+out_dtype = str(out.dtype)
+opt.step()
+checksum = torch.tensor([sum(p.sum().item() for p in model.parameters())])
+every = [torch.zeros(1) for _ in range(world)]; dist.all_gather(every, checksum)
+identical = all(torch.equal(e, every[0]) for e in every)
+dist.destroy_process_group()
+# expect: ✗ the forward ran in torch\.float32
