@@ -65,7 +65,12 @@ assert os.path.exists(_ddp.ranks[1].stdout_path) and _ddp.log_dir.startswith(os.
 # writes each recorded window as a trace file per rank (`worker_name`) for TensorBoard's profiler plugin,
 # Perfetto or `chrome://tracing`. DDP's gradient all-reduce shows up as `gloo:all_reduce` (NCCL:
 # `nccl:all_reduce`) next to the compute ops. `--env KINETO_LOG_LEVEL=6` quiets the profiler library's
-# own `profiler_start`/`profiler_stop` lines on stderr.
+# own `profiler_start`/`profiler_stop` lines on stderr. The handler names each file
+# `{worker_name}.{time_ns}.pt.trace.json`, so every run adds files beside the old ones: first an empty folder.
+
+# %% profiler-per-rank-find-clear
+import shutil
+shutil.rmtree(f"{log_dir}/tb", ignore_errors=True)
 
 # %% profiler-per-rank-find-ddp
 # %%ddp -n $world_size --timeout 60 --env KINETO_LOG_LEVEL=6 --pull comm -- $log_dir
@@ -89,6 +94,7 @@ comm = {"events": {e.key: e.count for e in events if "all_reduce" in e.key},
 dist.destroy_process_group()
 
 # %% profiler-per-rank-find-code
+profiled = _ddp                                   # this job's transcripts (nbddp), for the check at the end
 for rank, c in enumerate(comm):                   # --pull comm: one dict per rank
     print(f"rank {rank}: {c['events']}  ({c['us'] / 1e3:.2f} ms in all_reduce)")
 traces = sorted(os.path.basename(p).split(".")[0] for p in glob.glob(f"{log_dir}/tb/*.pt.trace.json"))
@@ -99,11 +105,11 @@ print("trace files:", traces)
 #
 # | symptom | likely cause | what to do | drill |
 # |---|---|---|---|
-# | **OOM** (`CUDA out of memory`, `can't allocate memory`) | every rank on GPU 0 (`set_device` missing, or after a CUDA call; `-1`: lesson 02, 04; why: the note below); batch too big *per rank*; rank 0 gathers everything | `torch.cuda.set_device(LOCAL_RANK)` first (or `init_process_group(device_id=...)`); lower the per-rank batch, accumulate (lesson 08), `bf16` | A |
+# | **OOM** (`CUDA out of memory`, `can't allocate memory`) | every rank on GPU 0 (`set_device` missing; called after the first CUDA work, lesson 04; or `set_device(-1)`, a silent no-op, from a `--local_rank` default that torchrun never sets, lesson 02; why: the note below); batch too big *per rank*; rank 0 gathers everything | `torch.cuda.set_device(LOCAL_RANK)` first (and, if you like, `init_process_group(device_id=...)` too: it binds the group to the device but does not change the current one); lower the per-rank batch, accumulate (lesson 08), `bf16` | A |
 # | **no speedup** with more ranks | no `DistributedSampler`: every rank trains on **all** the data; model too small: all-reduce dominates; ranks share cores (CPU) or one GPU | `DistributedSampler` + `set_epoch`; bigger per-rank work; profile (section 2) | B |
 # | **wrong metrics** (accuracy differs with world size) | metric from rank 0's shard only; padded sampler counts repeats; mean of means | `all_reduce` sums and counts (lesson 05) | C |
 # | **hang** (no output, 100 % or 0 % CPU) | a collective not called by all ranks, or in a different order; unequal number of batches | `--timeout` shows each rank's stack; `TORCH_DISTRIBUTED_DEBUG=DETAIL` names the mismatch | D |
-# | `MASTER_ADDR expected, but not set` | run with `python`, not a launcher | `torchrun` / `%%ddp` (lesson 06) | — |
+# | `RANK expected, but not set` (`MASTER_ADDR expected, but not set` once rank and world size are passed) | run with `python`, not a launcher | `torchrun` / `%%ddp` (lesson 06) | — |
 # | `Address already in use` (`EADDRINUSE`) | a port still held by another job, often the default 29500 | another `--master-port`, or let it choose (lesson 06) | — |
 # | `Distributed package doesn't have NCCL built in` | CPU-only torch | use gloo (lesson 09) | — |
 #
@@ -304,7 +310,7 @@ for c in comm:
     assert any(k.endswith("all_reduce") for k in c["events"]), c     # the profiler saw DDP's all-reduce
     assert c["us"] > 0
 assert traces == [f"rank{r}" for r in range(world_size)], traces   # one trace per rank, one active window
-assert not any("profiler_start" in line for r in _ddp.ranks for line in r.stderr.splitlines())
+assert not any("profiler_start" in r.stderr for r in profiled.ranks), [r.stderr for r in profiled.ranks]   # KINETO_LOG_LEVEL=6 quieted it
 print("ok: per-rank logs, per-rank profiles with the all-reduce, and the drills behaved as the cheat sheet says")
 
 # %% exercise [markdown]
