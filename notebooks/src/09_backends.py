@@ -64,7 +64,7 @@ else:
 # %% measured-gloo-all_reduce-time [markdown]
 # ## 2 · Measured: gloo `all_reduce` time vs tensor size
 # Small tensors cost a fixed latency; large ones are limited by bandwidth. (This is why DDP packs gradients
-# into ~25 MB *buckets* instead of one all-reduce per parameter.)
+# into *buckets*, 25 MiB by default, instead of one all-reduce per parameter.)
 #
 # Each rank runs one thread. Every size is warmed up first, then timed `trials` times, `reps` calls back to
 # back each time, the sizes in turn (16 B, 64 B, ..., 4 MiB, then again), so every size meets the same
