@@ -32,7 +32,8 @@ print(f'rank {rank}: {X[shard].shape[0]} samples')
 
 # %% train-few-epochs [markdown]
 # ## 2 · Train a few epochs
-# Push the number of epochs from the notebook; the loss is averaged over ranks with `all_reduce`.
+# Push the number of epochs from the notebook; each epoch's last mini-batch loss is averaged over the ranks
+# with `all_reduce`.
 
 # %% train-few-epochs-ddp
 # %%ddp --push epochs --timeout 60
