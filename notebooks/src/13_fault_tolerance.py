@@ -25,10 +25,12 @@ kill_in_epoch = 2
 # the check needs to `history.jsonl`, as a real job writes its logs. Arguments: output folder, epochs, and
 # the epoch in which rank 1 dies on the first attempt (`-1`: never).
 #
-# One line differs from lesson 04: `init_process_group` gets the launcher's store under a **prefix per
-# attempt**. That works around torch bugs. torchrun keeps one TCP store for the whole job (a static
-# `--master-port` always did; `--standalone` and `--rdzv-backend c10d` share the rendezvous store with the
-# ranks since mid-2024, pytorch#128096), and `init_process_group` writes its keys (each rank's gloo
+# The process group is set up differently from lesson 04, in two statements: the script opens the
+# launcher's own store (`dist.TCPStore(MASTER_ADDR, MASTER_PORT, is_master=False)`), and
+# `init_process_group` gets it under a **prefix per attempt** (`dist.PrefixStore`). That works around
+# torch bugs. torchrun keeps one TCP store for the whole job (a static `--master-port` always did;
+# `--standalone` and `--rdzv-backend c10d` share the rendezvous store with the ranks since mid-2024,
+# pytorch#128096), and `init_process_group` writes its keys (each rank's gloo
 # address, NCCL's unique id) under the same names in every attempt, so a restarted group can read the dead
 # attempt's values (pytorch#135712, #167288). A restarted plain `init_process_group("gloo")` is then a race
 # with three outcomes, all three seen on this machine under plain torchrun (and `%%ddp --launcher torchrun`
