@@ -9,8 +9,8 @@
 # | when | DDP | FSDP |
 # |---|---|---|
 # | a layer's forward | — | **all-gather** its parameters, compute, free the gathered copy |
-# | a layer's backward | — | all-gather again, compute, **reduce-scatter** the gradients: each rank keeps the average of its own 1/N |
-# | after backward | **all-reduce** every gradient | — |
+# | a layer's backward | its gradients fill **buckets**; each full bucket is **all-reduced** while backward goes on (lesson 12) | all-gather again, compute, **reduce-scatter** the gradients: each rank keeps the average of its own 1/N |
+# | end of `loss.backward()` | wait for the last buckets' all-reduce | wait for the last reduce-scatter |
 # | `opt.step()` | on the full tensors | on the rank's shard only (so the optimizer state is sharded too) |
 #
 # **FSDP2** is `torch.distributed.fsdp.fully_shard` (torch ≥ 2.6 public): it changes a module in place, and each
