@@ -35,13 +35,16 @@ for k in sorted(mine):
 # | `GROUP_RANK`, `GROUP_WORLD_SIZE` | node rank and number of nodes |
 # | `ROLE_*` | for jobs with several roles (trainer, parameter server…); one role `default` here |
 # | `MASTER_ADDR`, `MASTER_PORT` | the store every rank connects to during `init_process_group` |
-# | `TORCHELASTIC_*` | run id, restart count, error file (where a failing rank writes its traceback) |
+# | `TORCHELASTIC_*` | run id, restart count, error file (a rank writes its traceback there if its main is decorated with `@record` from `torch.distributed.elastic.multiprocessing.errors`) |
 # | `OMP_NUM_THREADS=1` | when several ranks share a machine: stops them fighting over the cores |
 
 # %% full-environment-one-rank-code
 envs = dict(enumerate(mine))          # every rank's `mine` (--pull mine; --ranks 0 only chose what is shown)
 local_keys = set().union(*(e.keys() for e in envs.values()))
 print(sorted(local_keys))
+import os
+if os.path.exists("env_under_torchrun.json"):   # a previous run's file: the next cell must write it anew
+    os.remove("env_under_torchrun.json")
 
 # %% same-cell-under-real [markdown]
 # ## 2 · The same cell under real torchrun
@@ -95,8 +98,11 @@ print(f"argv={sys.argv[1:]} -> args.local_rank={args.local_rank}")
 # ([pytorch#175699](https://github.com/pytorch/pytorch/pull/175699), fixing
 # [#126510](https://github.com/pytorch/pytorch/issues/126510)), a launch of one node with no port, endpoint or
 # rendezvous backend given takes `--standalone`'s road: a c10d rendezvous at `localhost:0`, where the operating
-# system picks a free port. Several nodes with no port still meet at 29500: every node must know the port
-# before it starts. `%%ddp` picks a free one for every launch.
+# system picks a free port. Precisely (`run()` in `torch/distributed/run.py`): the rendezvous backend is `static`
+# (the default, or given explicitly), there is no `--rdzv-endpoint`, no `--master-port` (nor `PET_MASTER_PORT`
+# in the environment), and the largest `--nnodes` is 1 — so `--nnodes 1:2` still meets at 29500; `--master-addr`
+# is then ignored. Several nodes with no port still meet at 29500: every node must know the port before it
+# starts. `%%ddp` picks a free one for every launch.
 
 # %% legacy-launcher-local_rank-argv-code
 import os, subprocess, sys
@@ -121,6 +127,7 @@ for line in real_launch[0].splitlines():
         print("   ", line.split(": ", 1)[1] if "FutureWarning" in line else line)   # the warning without its path
 print("torchrun --nproc-per-node 1 (one node), no port:")
 print("   ", next(line for line in one_node_out.splitlines() if line.startswith("MASTER_PORT")))
+print("   ", next(line for line in one_node_out.splitlines() if line.startswith("Namespace")))
 
 # %% legacy-launcher-local_rank-argv-note-2 [markdown]
 # The same script under `torchrun` gets no such argument at all — `args.local_rank` stays `-1`. And
@@ -148,6 +155,7 @@ if any("EADDRINUSE" in out for out in real_launch):   # another job holds 29500 
 else:
     assert all("MASTER_PORT 29500" in out for out in real_launch), real_launch
     assert all("unrecognized arguments: --local-rank=" in out for out in real_launch), real_launch
+assert "Namespace(local_rank=-1)" in one_node_out, one_node_out   # torchrun added no --local-rank to argv
 one_node_port = int(next(line for line in one_node_out.splitlines() if line.startswith("MASTER_PORT")).split()[1])
 if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 12):
     assert one_node_port != 29500, one_node_out            # a free port, chosen by the operating system
@@ -161,7 +169,9 @@ print("torch 2.x's launcher passes --local-rank=N, torchrun passes nothing; LOCA
 # > advise against 29500, only makes a collision rarer: two jobs can draw the same number, the number can
 # > belong to a service that already listens there, and another process can take it between the draw and the
 # > bind. Let the operating system choose instead: port 0 means "any free port", taken in the same step.
-# > `torchrun --standalone` (any torch 2.x) or `--rdzv-endpoint localhost:0` does that, and since torch 2.12 a
+# > `torchrun --standalone` (any torch 2.x) or `--rdzv-backend c10d --rdzv-endpoint localhost:0` does that (the
+# > endpoint alone is not enough: the backend stays `static`, which hands the literal port 0 to the ranks as
+# > `MASTER_PORT`, and `init_process_group` never connects), and since torch 2.12 a
 # > plain one-node `torchrun` without a port does too (above). Across machines every node must know the port
 # > before it starts: pass the same `--master-port`, free on node 0 and open in its firewall (lesson 07).
 
@@ -174,13 +184,17 @@ print("torch 2.x's launcher passes --local-rank=N, torchrun passes nothing; LOCA
 # | `... launch --use_env ...` (variables instead of argv) | the only way in torchrun, which has no such flag |
 # | `parser.add_argument("--local_rank", type=int)`; `args.local_rank` | `local_rank = int(os.environ["LOCAL_RANK"])` |
 # | `--master_addr`, `--master_port`, `--nnodes`, `--node_rank` | the same options (torchrun also offers `--rdzv-endpoint`) |
-# | a failed rank: the launcher stops the others | the same agent: since torch 1.9 `launch` calls torchrun's `run()`, so both stop all ranks, write the error file, accept `--max-restarts` |
+# | a failed rank: the launcher stops the others | the same agent: since torch 1.9 `launch` calls torchrun's `run()`, so both stop all ranks, set `TORCHELASTIC_ERROR_FILE` for the ranks, accept `--max-restarts` |
 #
 # > **`--use_env`** told the old launcher to leave argv alone: the script reads `LOCAL_RANK` from the
 # > environment instead of getting `--local_rank=N`. torchrun made that the only way: `torch/distributed/run.py`
 # > adds `--local-rank=N` to argv only when `use_env` is false, and only `launch.py` defines the flag. In torch
 # > 2.13 `launch.py` still accepts `--use-env` / `--use_env` (off by default) and warns on every start that the
-# > module "is deprecated and will be removed in future" (the `FutureWarning` above). What is left of it:
+# > module "is deprecated and will be removed in future" (the `FutureWarning` above). Mind torch's own docstring
+# > at the top of `torch/distributed/run.py`: it still says "`torchrun` will pass the `--local-rank=<rank>`
+# > argument to your script" (a note from 2.0); the code does that only for `launch.py` without `--use-env`
+# > (`get_use_env` returns `True` for torchrun, which has no `use_env`), as the plain `torchrun` run above shows (its
+# > parser got no argument: `local_rank=-1`). What is left of it:
 
 # %% migration-torch-distributed-launch-code
 import inspect
@@ -246,6 +260,7 @@ for how in ("--legacy-launch", "--legacy-launch underscore", ""):
 # %% check-answer tags=["check"]
 assert "parsed_by_launch" in globals(), "✗ nothing to check yet: run your parser three ways into `parsed_by_launch`"
 assert len(parsed_by_launch) == 3, f"✗ {len(parsed_by_launch)} launches: run it with --legacy-launch, --legacy-launch underscore and neither"
+assert world_size > 1, f"✗ world_size is {world_size}: with one rank every local rank is 0, so a parser that ignores LOCAL_RANK would pass; run the lesson with world_size 2 or more"
 for how, got in parsed_by_launch.items():
     assert not isinstance(got, BaseException), f"✗ launched with {how or 'no legacy flag'!r}, the ranks exited with an error: the parser must accept both --local-rank=N and --local_rank=N"
     assert got == list(range(world_size)), f"✗ launched with {how or 'no legacy flag'!r}, the ranks parsed local ranks {got}, not {list(range(world_size))}: without the flag, fall back to LOCAL_RANK"
