@@ -50,7 +50,8 @@ assert "environment variable MASTER_ADDR expected, but not set" in half.stderr
 # %% collective-inside-if-rank [markdown]
 # ## 2 · A collective inside `if rank == 0:` — the hang
 # A collective must be called by **every** rank. Below only rank 0 calls `all_reduce`; rank 1 goes on to the
-# `barrier`. Neither can finish: a hang, with no error message at all. `--timeout` stops it and shows
+# `barrier`. Neither can finish: a hang, with no error message at all until the group's timeout runs out
+# (`init_process_group`'s `timeout`: by default 30 minutes with gloo, `default_pg_timeout`). `--timeout` stops it and shows
 # **where each rank is blocked** (nbddp asks each rank for its Python stack before stopping it).
 
 # %% collective-inside-if-rank-ddp
@@ -114,15 +115,18 @@ assert torch_itself.returncode != 0 and "EADDRINUSE" in torch_itself.stderr
 assert f"MASTER_PORT {busy_port} is already in use" in port_error
 
 # %% collective-inside-if-rank-note-2 [markdown]
-# **Fix**: pick another port, or leave `--master-port` out where something picks a free one: `%%ddp` does
-# per launch, and so do torchrun's `--standalone` and `--rdzv-endpoint localhost:0`. Plain `torchrun --nnodes 1`
+# **Fix**: pick another port, or leave `--master-port` out where something picks a free one: `%%ddp` does so
+# per launch, and so do torchrun's `--standalone` and `--rdzv-backend c10d --rdzv-endpoint localhost:0` (both
+# parts: with the endpoint alone the backend stays `static`, which hands the literal port 0 to the ranks as
+# `MASTER_PORT`, and `init_process_group` hangs). Plain `torchrun --nnodes 1`
 # without a port does so by itself only since torch 2.12 (torch/distributed/run.py turns such a static run
 # into c10d at `localhost:0`, pytorch#175699); 2.11 and older (this project allows torch>=2.3) use 29500
 # there too, so two such jobs on one machine collide. Lesson 02 shows both.
 #
 # ## 4 · A multi-node configuration that does not add up
-# `WORLD_SIZE` must be `nnodes × nproc_per_node`. 4 processes cannot be spread evenly over 3 machines, and
-# asking for 4 ranks while saying 3 per node on 2 nodes (= 6) contradicts itself.
+# `%%ddp` runs the same number of ranks on every simulated node, so its `-n` must be `nnodes × nproc_per_node`:
+# 4 processes cannot be spread evenly over 3 nodes, and asking for 4 ranks while saying 3 per node on 2 nodes
+# (= 6) contradicts itself.
 
 # %% collective-inside-if-rank-ddp-3
 config_errors = {}
@@ -133,17 +137,47 @@ for line in ("-n 4 --nnodes 3", "-n 4 --nproc-per-node 3 --nnodes 2"):
         config_errors[line] = str(exc)
         print(f"%%ddp {line}\n    -> {exc}")
 
+# %% uneven-nodes [markdown]
+# torchrun itself does not require the same count on every node: each node's agent starts its own
+# `--nproc-per-node`, and `WORLD_SIZE` is their sum, the ranks numbered by a running sum over the nodes
+# (`_assign_worker_ranks` in torch/distributed/elastic/agent/server/api.py; the `nnodes × nproc_per_node`
+# shortcut is taken only with `TORCH_ELASTIC_WORKER_IDENTICAL=1`). Two real torchrun agents on this machine,
+# `--nnodes 2`, node 0 with `--nproc-per-node 2` and node 1 with 1 (each rank only prints its variables):
+
+# %% uneven-nodes-code
+with open("runs/06/who.py", "w") as f:
+    f.write("import os\nprint('RANK', os.environ['RANK'], 'WORLD_SIZE', os.environ['WORLD_SIZE'], flush=True)\n")
+free = socket.socket(); free.bind(("127.0.0.1", 0)); uneven_port = free.getsockname()[1]; free.close()
+agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(i),
+                            "--nproc-per-node", str(n), "--master-addr", "127.0.0.1", "--master-port", str(uneven_port),
+                            "runs/06/who.py"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean)
+          for i, n in enumerate((2, 1))]
+uneven = [(a.communicate(timeout=120)[0], a.returncode) for a in agents]
+for i, (out, code) in enumerate(uneven):
+    print(f"node {i}: exit code {code}:", sorted(line for line in out.splitlines() if line.startswith("RANK")))
+
+# %% uneven-nodes-check
+assert [code for _, code in uneven] == [0, 0], uneven
+assert sorted(line for out, _ in uneven for line in out.splitlines() if line.startswith("RANK")) == [
+    f"RANK {r} WORLD_SIZE 3" for r in range(3)], uneven           # 2 + 1 ranks, WORLD_SIZE 3
+
 # %% collective-inside-if-rank-note-3 [markdown]
-# With real machines the same mistake does not fail fast: node 0 says `--nnodes 2`, node 1 is never started
-# (or says `--nnodes 3`), and node 0 **waits at the rendezvous** for processes that never come. Under torchrun
-# its agent waits and starts no rank: 900 s with the static rendezvous of `--master-addr`/`--master-port`
+# With real machines, a count that does not match does not fail fast. Node 0 says `--nnodes 2` and node 1 is
+# never started (or node 0 claims more nodes than are started): node 0 **waits at the rendezvous** for agents
+# that never come. Its agent waits and starts no rank: 900 s with the static rendezvous of `--master-addr`/`--master-port`
 # (torchrun gives it no timeout, so `LaunchConfig`'s default of 900 s applies, torch/distributed/launcher/api.py;
 # the rendezvous's own 600 s default is for callers that give none), 600 s with c10d (`--rdzv-backend c10d`,
 # `--standalone`: its `join_timeout`, dynamic_rendezvous.py). `--rdzv-conf timeout=…` and `join_timeout=…`
-# change them. Thirty minutes is another default:
+# change them. The other way round, node 1 saying `--nnodes 3` while node 0 says 2, the static rendezvous does
+# not notice: node 0 hosts the store sized by its own `--nnodes` (static_tcp_rendezvous.py), node 1 only
+# connects, and both agents start their ranks (node 1's see `WORLD_SIZE` 2 but `GROUP_WORLD_SIZE` 3). The
+# mismatch shows at the end: the agents' exit barrier counts up to each agent's own number of nodes, so they
+# can wait out its 300 s (`exit_barrier_timeout`, agent/server/api.py) before they log `Error waiting on exit
+# barrier` and exit. Thirty minutes is another default:
 # `init_process_group`'s timeout with gloo (`default_pg_timeout`; NCCL's `default_pg_nccl_timeout` is 10
 # minutes, torch/distributed/constants.py), how long a plain script's rank waits there for the others. Here
-# is that rank alone (plain `python`, rank 0 of a world of 2), told to wait 3 s instead:
+# is that rank alone (plain `python`, rank 0 of a world of 2), told to wait 3 s instead (its message may
+# name a second more, "Timed out after 4 seconds"; the check below accepts 3 s or more):
 
 # %% collective-inside-if-rank-code-3
 lonely = '''
