@@ -171,9 +171,9 @@ assert sorted(line for out, _ in uneven for line in out.splitlines() if line.sta
 # change them. The other way round, node 1 saying `--nnodes 3` while node 0 says 2, the static rendezvous does
 # not notice: node 0 hosts the store sized by its own `--nnodes` (static_tcp_rendezvous.py), node 1 only
 # connects, and both agents start their ranks (node 1's see `WORLD_SIZE` 2 but `GROUP_WORLD_SIZE` 3). The
-# mismatch shows at the end: the agents' exit barrier counts up to each agent's own number of nodes, so they
-# can wait out its 300 s (`exit_barrier_timeout`, agent/server/api.py) before they log `Error waiting on exit
-# barrier` and exit. Thirty minutes is another default:
+# mismatch can show at the end: each agent's exit barrier counts up to its own number of nodes, so when node 1
+# is the last to arrive nobody completes it, and both agents wait out its 300 s (`exit_barrier_timeout`,
+# agent/server/api.py) before they log `Error waiting on exit barrier` and exit. Thirty minutes is another default:
 # `init_process_group`'s timeout with gloo (`default_pg_timeout`; NCCL's `default_pg_nccl_timeout` is 10
 # minutes, torch/distributed/constants.py), how long a plain script's rank waits there for the others. Here
 # is that rank alone (plain `python`, rank 0 of a world of 2), told to wait 3 s instead (its message may
