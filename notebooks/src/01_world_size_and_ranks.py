@@ -1,19 +1,24 @@
 # %% title [markdown]
 # # 01 · World size, rank, local rank, master address and port
 #
-# A distributed job is a set of processes that cooperate. Four numbers tell each process who it is:
+# A distributed job is a set of processes that cooperate. These environment variables tell each process who it is:
 #
 # | term | 中文 | meaning |
 # |---|---|---|
 # | `WORLD_SIZE` | 世界大小 | how many processes take part in the whole job (all machines) |
 # | `RANK` | 全局秩 (rank) | this process's number in the job, `0 … WORLD_SIZE-1`; rank 0 is usually the "main" one |
-# | `LOCAL_RANK` | 本地秩 | its number **on its machine**, `0 … nproc_per_node-1`; picks the GPU: `cuda:LOCAL_RANK`, so `nproc_per_node` must not exceed the machine's GPUs |
-# | `GROUP_RANK` (node_rank) | 节点秩 | which machine (node) it runs on, `0 … nnodes-1` |
+# | `LOCAL_RANK` | 本地秩 | its number **on its machine**, `0 … nproc_per_node-1`; picks the GPU: `cuda:LOCAL_RANK`, so `nproc_per_node` must not exceed the machine's GPUs (recent torchrun's `--virtual-local-rank`, pytorch#166680, instead sets `LOCAL_RANK=0` and shows each process only its own GPU in `CUDA_VISIBLE_DEVICES`) |
+# | `GROUP_RANK` (node_rank) | 节点秩 | which machine (node) it runs on, `0 … nnodes-1`: torchrun's `--node-rank` with its default static rendezvous; with `--rdzv-backend c10d` the rendezvous numbers the nodes itself and ignores `--node-rank` |
 # | `MASTER_ADDR` / `MASTER_PORT` | 主节点地址 / 端口 | where every process meets the others at start (rank 0's machine) |
 #
-# They are tied together by one formula:
+# When every node runs the same `nproc_per_node` (as `%%ddp` simulates it, and as most clusters do), they are
+# tied together by one formula:
 #
 # **global rank = node_rank × nproc_per_node + local_rank**, and **world size = nnodes × nproc_per_node**.
+#
+# (torchrun also accepts nodes with different counts: it numbers the ranks node by node, each node's first rank
+# being the number of processes on the nodes before it, and `WORLD_SIZE` is the sum of every node's
+# `--nproc-per-node`; lesson 07 runs such a job.)
 #
 # `%%ddp` runs a cell as such a job on this machine, and with `--nnodes` it *simulates* several machines, so
 # the arithmetic can be seen without a cluster.
