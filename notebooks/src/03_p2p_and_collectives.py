@@ -69,7 +69,7 @@ dist.gather(torch.tensor([rank + 1.0]), gather_list=bucket, dst=0);     show("ga
 everyone = [torch.zeros(1) for _ in range(world)]
 dist.all_gather(everyone, torch.tensor([rank + 1.0]));                  show("all_gather", [e.item() for e in everyone])
 piece = torch.zeros(1)
-dist.scatter(piece, scatter_list=[torch.tensor([10.0 * i]) for i in range(world)] if rank == 0 else None, src=0)
+dist.scatter(piece, scatter_list=[torch.tensor([10.0 * (i + 1)]) for i in range(world)] if rank == 0 else None, src=0)
 show("scatter", piece.tolist())
 dist.barrier();                                                          show("barrier", "everyone got here")
 dist.destroy_process_group()
@@ -79,7 +79,7 @@ total = world_size * (world_size + 1) / 2      # `--pull got`: each rank's resul
 assert got[0]["reduce"] == [total] and all("reduce" not in g for g in got[1:])
 assert all(g["all_reduce"] == [total] and g["broadcast"] == [1.0] for g in got)
 assert all(g["all_gather"] == [float(i + 1) for i in range(world_size)] for g in got)
-assert [g["scatter"] for g in got] == [[10.0 * i] for i in range(world_size)]
+assert [g["scatter"] for g in got] == [[10.0 * (i + 1)] for i in range(world_size)]   # none is the zeros it started with
 print("collectives behave as the table says")
 
 # %% pictures [markdown]
