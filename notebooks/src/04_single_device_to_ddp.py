@@ -76,8 +76,8 @@ print(f"held-out accuracy {single_accuracy:.3f} (a guess: 0.1)")
 # %% ddp-version-run-as [markdown]
 # ## 2 · The DDP version, run as a script with arguments
 # The cell is a complete training script, the one you would start with
-# `torchrun --nproc_per_node=2 train_ddp.py --epochs 2 --out runs/04`: its arguments arrive in `sys.argv`, and
-# the numbered comments are the steps above. The cell below writes it to `train_ddp.py` for torchrun. (The
+# `torchrun --nproc_per_node=2 runs/04/train_ddp.py --epochs 2 --out runs/04`: its arguments arrive in `sys.argv`, and
+# the numbered comments are the steps above. The cell below writes it to `runs/04/train_ddp.py` for torchrun. (The
 # cell's first line passes the same arguments after `--`, and brings a few values back for the check.)
 
 # %% ddp-version-run-as-ddp
