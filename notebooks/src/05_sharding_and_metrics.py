@@ -131,6 +131,7 @@ dist.destroy_process_group()
 
 # %% check-answer tags=["check"]
 assert "weighted" in globals() and "naive" in globals(), "✗ nothing to check yet: your cell should end with --pull naive@0,weighted@0"
+assert N % world_size, f"✗ N = {N} splits evenly over {world_size} ranks: equal shards make the mean of means the true mean, so nothing here can tell them apart: run the lesson with an N that is not a multiple of world_size"
 true_mean = sum((i * 0.1) ** 2 for i in range(N)) / N
 shard_means = [sum((i * 0.1) ** 2 for i in range(r, N, world_size)) / len(range(r, N, world_size)) for r in range(world_size)]
 mean_of_means = sum(shard_means) / world_size
