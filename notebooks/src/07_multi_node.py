@@ -7,8 +7,8 @@
 # | option | same on every node? | meaning |
 # |---|---|---|
 # | `--nnodes` | yes | number of machines |
-# | `--nproc_per_node` | yes | processes (GPUs) per machine |
-# | `--node_rank` | **no**: 0, 1, … | which machine this is |
+# | `--nproc_per_node` | usually (torchrun allows different counts: end of section 1) | processes (GPUs) on this machine |
+# | `--node_rank` | **no**: 0, 1, … | which machine this is (static rendezvous only: a c10d rendezvous, section 4's, ignores it and numbers the nodes itself) |
 # | `--master_addr` | yes | address of node 0, reachable from all nodes (not `localhost`: section 5) |
 # | `--master_port` | yes | a free port on node 0, open in the firewall |
 #
@@ -41,6 +41,41 @@ for node, command in enumerate(commands):
 # (section 3). Before torchrun, the same with the old launcher was
 # `python -m torch.distributed.launch --nnodes=2 --node_rank=0 --nproc_per_node=… --master_addr=… --master_port=… train.py`.
 #
+# **Nodes of different sizes.** `%%ddp` simulates nodes with the same number of processes, and most clusters
+# have them, so rank = node_rank × nproc_per_node + local_rank. torchrun itself does not require it: its agents
+# write each node's `--nproc-per-node` to the store, and node 0's agent numbers the ranks node by node, each
+# node's first rank being the count of processes on the nodes before it; `WORLD_SIZE` is the sum
+# (`_assign_worker_ranks` in `torch/distributed/elastic/agent/server/api.py`; the formula above is its shortcut
+# when `TORCH_ELASTIC_WORKER_IDENTICAL=1`). Two real torchruns on this machine, with 2 and 1 processes:
+
+# %% uneven-nodes-code
+import os, shutil, socket, subprocess, sys
+shutil.rmtree("runs/07/whoami", ignore_errors=True); os.makedirs("runs/07/whoami")
+with open("runs/07/whoami.py", "w") as f:       # each rank writes its numbers to runs/07/whoami/<RANK>
+    f.write("import os\n"
+            "numbers = ' '.join(os.environ[k] for k in ('GROUP_RANK', 'LOCAL_RANK', 'RANK', 'WORLD_SIZE'))\n"
+            "open(f\"runs/07/whoami/{os.environ['RANK']}\", 'w').write(numbers)\n")
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+env = {k: v for k, v in os.environ.items() if k != "TORCH_ELASTIC_WORKER_IDENTICAL"}
+uneven = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={n}",
+                            f"--node-rank={i}", "--master-addr=127.0.0.1", f"--master-port={port}",
+                            "--rdzv-conf=timeout=60", "runs/07/whoami.py"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+          for i, n in enumerate((2, 1))]
+try:
+    uneven_out = [node.communicate(timeout=120)[0] for node in uneven]
+finally:
+    for node in uneven:
+        node.kill() if node.poll() is None else None
+seen_uneven = sorted(tuple(int(x) for x in open(f"runs/07/whoami/{name}").read().split())
+                     for name in os.listdir("runs/07/whoami"))
+for group_rank, local_rank, rank, world in seen_uneven:
+    print(f"node {group_rank}  local_rank {local_rank}  ->  rank {rank} of WORLD_SIZE {world}")
+assert all(node.returncode == 0 for node in uneven), uneven_out
+assert seen_uneven == [(0, 0, 0, 3), (0, 1, 1, 3), (1, 0, 2, 3)], uneven_out     # 2 + 1 processes: ranks 0 1 | 2
+
+# %% uneven-nodes-note [markdown]
 # ## 2 · The job, simulated on this machine
 # Each rank reports its node and local rank, and the job checks that communication works **across** nodes
 # (a global all-reduce) and **inside** a node (a `new_group` with the node's ranks — how hierarchical schemes
@@ -142,7 +177,8 @@ else:
 #
 # Below, both nodes are real `torchrun` processes on this machine. Both "machines" share one `localhost` here, so
 # node 1's own machine is played by a port where nothing listens: node 1 dials `127.0.0.1` at a port node 0 does
-# not serve, which is what it finds at home. `--rdzv-conf timeout=3` cuts the wait to 3 seconds.
+# not serve, which is what it finds at home. `--rdzv-conf timeout=3` cuts the wait to 3 seconds (torch's
+# message says a second more: "after 4 seconds" here, as it says "after 901 seconds" with the default 900).
 
 # %% hang-master-addr-itself-code
 import os, socket, subprocess, sys, time
@@ -173,6 +209,8 @@ assert all(node.returncode != 0 for node in nodes), hang_out
 assert "1/2 clients joined" in hang_out[0], hang_out[0][-2000:]                                  # node 0 waited for node 1
 assert f"trying to connect to (127.0.0.1, {node_options[1][2].split('=')[1]})" in hang_out[1], hang_out[1][-2000:]
 assert not any("all_reduce gave" in out for out in hang_out)      # the script never ran: the wait is in torchrun
+waited = re.search(r"Timed out after (\d+) seconds waiting for clients", hang_out[0])
+assert waited and hang_timeout <= int(waited[1]) <= hang_timeout + 2, hang_out[0][-2000:]   # 3 s asked, 4 reported
 
 # %% hang-master-addr-itself-note [markdown]
 # Node 0 waited for clients ("1/2 clients joined": itself only), node 1 for an answer at its own address. **Fix**:
@@ -269,9 +307,12 @@ try:
 except SystemExit:
     node1_args = None
 assert node1_args is not None, "✗ torchrun's parser rejects that command (its error is printed above)"
-assert node1_args.nnodes == "2", f"✗ --nnodes {node1_args.nnodes}: the number of machines, 2, the same on every node"
-assert node1_args.nproc_per_node == "4", f"✗ --nproc-per-node {node1_args.nproc_per_node}: the processes on this machine, one per GPU (4), not in the whole job"
+assert node1_args.nnodes in ("2", "2:2"), f"✗ --nnodes {node1_args.nnodes}: the number of machines, 2, the same on every node"
+assert node1_args.nproc_per_node in ("4", "gpu", "auto"), f"✗ --nproc-per-node {node1_args.nproc_per_node}: the processes on this machine, one per GPU (4), not in the whole job"
 assert node1_args.node_rank == 1, f"✗ --node-rank {node1_args.node_rank}: node 1 must say 1; two machines that both say 0 claim ranks 0-3 twice and nobody is node 1"
+assert not node1_args.standalone, "✗ --standalone is for one machine: torchrun then hosts its own c10d rendezvous at localhost on a free port and ignores --master-addr, so node 1 waits alone for a second node"
+assert node1_args.rdzv_backend == "static", f"✗ --rdzv-backend {node1_args.rdzv_backend}: node 0's command (section 1) meets at the static rendezvous on --master-addr:--master-port; a node on another backend never joins it"
+assert not node1_args.rdzv_endpoint or node1_args.rdzv_endpoint == f"{master_addr}:{master_port}", f"✗ --rdzv-endpoint {node1_args.rdzv_endpoint}: with the static rendezvous it replaces --master-addr:--master-port as the meeting point; leave it out (node 0's command has none)"
 assert not node1_args.master_addr.startswith(("127.", "localhost")) and node1_args.master_addr != "::1", f"✗ --master-addr {node1_args.master_addr} (the default when none is given is 127.0.0.1): on node 1 that is node 1 itself, where nobody hosts the meeting point: the hang of section 5"
 assert node1_args.master_addr == master_addr, f"✗ --master-addr {node1_args.master_addr}: every node names node 0, {master_addr}"
 assert (node1_args.master_port or 29500) == master_port, f"✗ --master-port {node1_args.master_port}: every node names node 0's port, {master_port}"
@@ -296,6 +337,16 @@ rank_of_node1_gpu1 = 5
 node1_command = f"torchrun --nnodes=2 --nproc-per-node=8 --node-rank=1 --master-addr={master_addr} --master-port={master_port} train.py"
 rank_of_node1_gpu1 = 5               # all 8 GPUs of the job counted as this node's
 # expect: ✗ --nproc-per-node 8
+
+# %% mistake-standalone tags=["mistake"]
+node1_command = f"torchrun --standalone --nnodes=2 --nproc-per-node=4 --node-rank=1 --master-addr={master_addr} --master-port={master_port} train.py"
+rank_of_node1_gpu1 = 5               # --standalone kept from a single-machine command
+# expect: ✗ --standalone is for one machine
+
+# %% mistake-rdzv-endpoint-localhost tags=["mistake"]
+node1_command = f"torchrun --nnodes=2 --nproc-per-node=4 --node-rank=1 --master-addr={master_addr} --master-port={master_port} --rdzv-endpoint=localhost:29500 train.py"
+rank_of_node1_gpu1 = 5
+# expect: ✗ --rdzv-endpoint localhost:29500
 
 # %% mistake-times-nnodes tags=["mistake"]
 node1_command = f"torchrun --nnodes=2 --nproc-per-node=4 --node-rank=1 --master-addr={master_addr} --master-port={master_port} train.py"
