@@ -65,11 +65,16 @@ def wait_ended(fd: int | None, pid: int, timeout: float = 0.0) -> bool:
         return bool(wait([fd], timeout))
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                running = f.read().rpartition(")")[2].split()[0] != "Z"
-        except (OSError, IndexError):
-            running = False
-        if not running or time.monotonic() >= deadline:
-            return not running
+        alive = running(pid)
+        if not alive or time.monotonic() >= deadline:
+            return not alive
         time.sleep(0.02)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` still runs, by /proc: a zombie (ended, not yet reaped) or a gone pid does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import socket
 import time
 
 from nbddp.core import exitstates
+from nbddp.sources.exitstatus import running
 from nbddp.core.rankfiles import RankFiles
 from nbddp.core.result import RankResult, RunResult
 from nbddp.core.states import RankState
@@ -112,7 +112,7 @@ class TorchrunRanks:
                 res.exception = status.get("exception")
                 self.end(res, status["exitcode"], stop, sent, status.get("ended_at"))
         for s in self.live().values():  # died without a word (a signal): torchrun tells how at the end
-            if s["pid"] not in self.gone_at and s.get("host") == self.here and not _running(s["pid"]):
+            if s["pid"] not in self.gone_at and s.get("host") == self.here and not running(s["pid"]):
                 self.gone_at[s["pid"]] = time.time()
 
     def end(self, res: RankResult, code: int | None, stop, sent, ended_at: float | None = None,
@@ -147,17 +147,3 @@ class TorchrunRanks:
             else:
                 self.end(res, 0, stop, sent)
 
-
-def _running(pid: int) -> bool:
-    """Does ``pid`` still run (a zombie, ended but not yet reaped by torchrun, does not)?"""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
