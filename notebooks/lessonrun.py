@@ -48,26 +48,21 @@ class LessonClient(PapermillNotebookClient):
     mistakes = List(help="(name, source, expect) of the lesson's typical wrong answers").tag(config=True)
 
     def papermill_execute_cells(self):
-        exercise = _tagged(self.nb, "exercise")
-        check = _tagged(self.nb, "check")
-        if len(exercise) != 1 or len(check) != 1:  # the quickstart: nothing to probe
-            return super().papermill_execute_cells()
-        self.probes: list[dict] = []
-        self.nb.metadata.setdefault("nbddp", {})["exercise_probes"] = self.probes
-        check_source = self.nb.cells[check[0]].source
-        for index, cell in enumerate(self.nb.cells):
-            try:
-                self.nb_man.cell_start(cell, index)
-                self.execute_cell(cell, index)
-            except CellExecutionError as ex:
-                self.nb_man.cell_exception(self.nb.cells[index], cell_index=index, exception=ex)
-                break
-            finally:
-                self.nb_man.cell_complete(self.nb.cells[index], cell_index=index)
-            if index == exercise[0]:
-                self._probe("the exercise as given", None, check_source, r"")
-                for name, source, expect in self.mistakes:
-                    self._probe(name, source, check_source, expect)
+        exercise, check = _tagged(self.nb, "exercise"), _tagged(self.nb, "check")
+        self._exercise = self.nb.cells[exercise[0]] if len(exercise) == 1 and len(check) == 1 else None
+        if self._exercise is not None:  # (the quickstart has nothing to probe)
+            self._check_source = self.nb.cells[check[0]].source
+            self.probes: list[dict] = []
+            self.nb.metadata.setdefault("nbddp", {})["exercise_probes"] = self.probes
+        super().papermill_execute_cells()
+
+    def execute_cell(self, cell, cell_index, *args, **kwargs):
+        done = super().execute_cell(cell, cell_index, *args, **kwargs)
+        if cell is getattr(self, "_exercise", None):  # it ran: the probes, before the solution
+            self._probe("the exercise as given", None, r"")
+            for name, source, expect in self.mistakes:
+                self._probe(name, source, expect)
+        return done
 
     def _run_aside(self, source: str) -> nbformat.NotebookNode:
         """One cell run in the kernel, outside the notebook and its history (its displays land in a
@@ -83,11 +78,11 @@ class LessonClient(PapermillNotebookClient):
             self.nb, self._display_id_map = real, real_ids
         return cell
 
-    def _probe(self, name: str, source: str | None, check_source: str, expect: str) -> None:
+    def _probe(self, name: str, source: str | None, expect: str) -> None:
         self._run_aside(SAVE)
         try:
             attempt = _error(self._run_aside(source)) if source is not None else None
-            said = _error(self._run_aside(check_source))
+            said = _error(self._run_aside(self._check_source))
         finally:
             restored = self._run_aside(RESTORE)
         if _error(restored):
