@@ -336,6 +336,23 @@ CONTRAST = """e => { const cv = document.createElement('canvas'); cv.width = cv.
     return [(hi + 0.05) / (lo + 0.05), lum(bg)]; }"""
 
 
+def _saved_copy(path, saved_at, deadline_s=30):
+    """The notebook as the server saved it after ``saved_at``: the server writes the file in
+    place (truncate, then write), so a read the moment its mtime moves can see it empty or half
+    written; wait until it parses as a whole notebook."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if os.path.getmtime(path) != saved_at:
+            text = path.read_text()
+            try:
+                json.loads(text)
+                return text
+            except ValueError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"{path} was not saved as a whole notebook within {deadline_s} s")
+
+
 @pytest.fixture
 def dark_lab(tmp_path):
     with jupyterlab(tmp_path, ["%load_ext nbddp", LONG_STREAM, FAIL2], theme="JupyterLab Dark") as served:
@@ -378,10 +395,7 @@ def test_panes_keep_scroll_and_selection_and_the_end_reads_in_dark_theme(dark_la
         # saved while the cell runs: a copy to reopen once the kernel that drew it is gone
         saved_at = os.path.getmtime(root / "ddp.ipynb")
         page.keyboard.press("Control+s")
-        deadline = time.monotonic() + 30
-        while os.path.getmtime(root / "ddp.ipynb") == saved_at and time.monotonic() < deadline:
-            time.sleep(0.2)
-        (root / "saved-running.ipynb").write_text((root / "ddp.ipynb").read_text())
+        (root / "saved-running.ipynb").write_text(_saved_copy(root / "ddp.ipynb", saved_at))
         # past the 120 updates after which the old panes refilled (a line is one update at 4 a second)
         newest = max(int(n) for n in re.findall(r"slow (\d+) ", pane.inner_text()))
         expect(pane).to_contain_text(f"slow {min(newest + 125, 279)} ", timeout=90_000)
