@@ -413,3 +413,26 @@ def test_stacks_are_read_without_interrupting_system_calls(kernel):
     assert "no output from any rank" in out, out  # the idle warning asked too
     assert "--timeout 10 stops the cell 10 s after it started" in out and "use --timeout" not in out, out  # it was given
     assert "Interrupted system call" not in out + reply.text and "frame #" not in out, out
+
+
+def test_add_hints_reads_only_the_tail_of_a_huge_stderr(tmp_path):
+    """A rank that wrote a huge stderr (NCCL_DEBUG=INFO) costs the kernel the last 64 KB at the
+    end of the launch, not the log's size (issue #37 point 11): a 64 MB log, sparse on disk."""
+    import tracemalloc
+
+    err = tmp_path / "rank0.stderr"
+    with open(err, "wb") as f:
+        f.truncate(64 << 20)
+        f.seek(0, os.SEEK_END)
+        f.write(b"\nRuntimeError: " + REAL_TEXTS["peer_closed"].encode() + b"\n")
+    failed = RankResult(rank=0, local_rank=0, node_rank=0, state="failed", cause="exited with code 1",
+                        stderr_path=str(err))
+    tracemalloc.start()
+    try:
+        diagnosis.add_hints(RunResult(ranks=[failed], world_size=1, log_dir=str(tmp_path)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20, f"{peak / 2**20:.0f} MB read into the kernel"
+    assert "another rank ended" in failed.hint
+    assert failed.cause.startswith("exited with code 1: RuntimeError: ")

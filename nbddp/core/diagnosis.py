@@ -311,7 +311,7 @@ def add_hints(result, private_net: bool = False) -> None:
     for rank in result.ranks:
         if rank.ok or rank.hint:
             continue
-        stderr = rank.stderr
+        stderr = rank.stderr_tail()  # the last 64 KB: a log may be gigabytes
         if rank.state == RankState.KILLED and " at cell line " not in rank.cause:
             where = crash_line(stderr, result.script or result.cell_file, result.cell_file)
             if where:
@@ -320,7 +320,7 @@ def add_hints(result, private_net: bool = False) -> None:
             said = last_error_line(stderr)
             if said and said not in rank.cause:
                 rank.cause += f": {said}"
-        text = (rank.exception or {}).get("message", "") + "\n" + stderr[-65536:]
+        text = (rank.exception or {}).get("message", "") + "\n" + stderr
         hint = (PRIVATE_NET_HINT if private_net and _NO_NETWORK.search(text) else None) or hint_for(text)
         if rank.state in _STOPPED and hint == PEER_LOST_HINT:  # its peer's end was nbddp's stop, said already
             continue

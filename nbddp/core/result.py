@@ -13,6 +13,7 @@ from nbddp.core.states import FINAL_STATES, RankState  # noqa: F401 - FINAL_STAT
 from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
 from nbddp.core.summary import label, state_lines, wrapped
 
+TAIL_BYTES = 1 << 16  # what the diagnosis reads of a rank's stderr (its last 64 KB)
 _STATE_LINE = re.compile(r"ranks? [\d–, ]+: ")  # "rank 0: failed (…)": kept whole in DDPError
 
 # Rank states (nbddp/core/states.py), by the names the sources and views import from here.
@@ -73,6 +74,22 @@ class RankResult:
     @property
     def stderr(self) -> str:
         return self._read(self.stderr_path)
+
+    def stderr_tail(self, limit: int = TAIL_BYTES) -> str:
+        """The last ``limit`` bytes of the rank's stderr log, from a line's start: what the
+        diagnosis reads at the end of a launch. A rank that wrote gigabytes (``NCCL_DEBUG=INFO``)
+        costs the kernel ``limit`` bytes, not the log's size, right when the user pressed stop."""
+        path = self.stderr_path
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - limit))
+                data = f.read(limit)
+        except (OSError, TypeError):
+            return ""
+        if size > limit:  # cut in a line (or a character): start at the next whole line
+            data = data[data.find(b"\n") + 1:] if b"\n" in data else data
+        return data.decode("utf-8", errors="replace")
 
     def describe(self) -> str:
         """One line: the rank's final state and its cause."""
