@@ -9,6 +9,22 @@ from nbddp.core import diagnosis
 from nbddp.core.states import RankState, StopReason
 
 
+_C_LONG = 1 << 63
+
+
+def exit_status(code) -> int:
+    """The exit status a process ends with after ``sys.exit(code)``, as CPython computes it
+    (pythonrun.c: the code as a C long, its low 8 bits; an int too large for one is -1): None
+    is 0, an int its low byte (``sys.exit(-9)`` exits 247, not "killed by SIGKILL";
+    ``sys.exit(256)`` exits 0), anything else (a message, printed) is 1. A rank reports this,
+    so nbddp says what its launcher and shell see."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return (code if -_C_LONG <= code < _C_LONG else -1) & 0xFF
+    return 1
+
+
 def ended_by_nbddp(code: int | None, exception: dict | None, sent) -> bool:
     """Did one of the signals nbddp ``sent`` end the rank (not its own exit or crash)? With no
     code (its forkserver ended, and it was ended before it could report one): if nbddp sent any."""

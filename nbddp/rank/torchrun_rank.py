@@ -22,6 +22,7 @@ import types
 from nbddp.rank import nostdin
 from nbddp.rank import stackwatch
 from nbddp.core.cellnames import name_cell
+from nbddp.core.exitstates import exit_status
 from nbddp.core.rankfiles import RankFiles
 from nbddp.rank.worker import cell_line
 
@@ -120,7 +121,7 @@ def main() -> None:
     try:
         exec(compile(source, cell_path, "exec"), module.__dict__)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = exit_status(exc.code)  # what the process exits with: sys.exit(-9) is 247, not a signal
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
             status["exception"] = {"type": "SystemExit", "message": str(exc.code), "traceback": "",
