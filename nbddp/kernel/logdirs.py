@@ -3,15 +3,24 @@
 The kernel's default folder (``/tmp/nbddp-*``, 0700) keeps the last ``KEEP`` launches' folders
 (0700, files 0600) while the kernel runs and is removed when the kernel exits — also when it is
 killed, by the watcher that waits for the kernel's end on a pipe (nbddp/kernel/janitor.py). A ``--log-dir``
-folder is the user's: nbddp never deletes anything in it.
+folder is the user's: nbddp never deletes anything in it but its own ``status/`` folder.
+
+A folder another user can write is a folder where they can plant ``rank0.stdout -> ~/.bashrc``
+(or a status file naming a pid for the kernel to signal), so ``check_log_dir`` refuses a
+``--log-dir`` that another user owns or can write (its parents are not checked: a folder in a
+sticky ``/tmp`` is fine), and every file nbddp writes there is opened by ``private``: never
+through a symbolic link, and made anew (``O_EXCL``) where it is created, so an old file of the
+same name — link, hard link or not — is replaced, never written through.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 import threading
 
+from nbddp.core.errors import DDPUsageError
 from nbddp.kernel.janitor import remove_at_exit
 
 KEEP = 50  # launches (fresh cells, pools, a pool's cells) whose logs are kept
@@ -24,8 +33,38 @@ _held: set[str] = set()   # folders still in use (a running pool's), never prune
 
 
 def private(path: str, flags: int) -> int:
-    """``open(..., opener=private)``: a file only its owner can read (0600)."""
+    """``open(..., opener=private)``: a file only its owner can read (0600), never opened
+    through a symbolic link; one opened to be truncated ("w") is made anew (the old name
+    unlinked, then ``O_EXCL``), so nothing planted under its name is written through."""
+    flags |= os.O_NOFOLLOW | os.O_CLOEXEC
+    if flags & os.O_TRUNC:
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        flags = (flags & ~os.O_TRUNC) | os.O_CREAT | os.O_EXCL
     return os.open(path, flags, 0o600)
+
+
+def check_log_dir(path: str) -> None:
+    """Refuse (``DDPUsageError``, one line) a ``--log-dir`` nbddp cannot safely write: not a
+    folder, or a folder another user owns or can write (they could plant links to the user's
+    files under the log's names). A folder that does not exist yet is fine (made 0700)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise DDPUsageError(f"--log-dir {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise DDPUsageError(f"--log-dir {path} is not a folder")
+    if info.st_uid != os.geteuid():
+        raise DDPUsageError(f"--log-dir {path} belongs to another user (uid {info.st_uid}): "
+                            "give a folder of your own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise DDPUsageError(f"--log-dir {path} can be written by other users (mode "
+                            f"{stat.S_IMODE(info.st_mode):o}): chmod go-w it, or give another folder")
 
 
 def new_log_dir(requested: str | None, hold: bool = False) -> str:
@@ -34,7 +73,12 @@ def new_log_dir(requested: str | None, hold: bool = False) -> str:
     from pruning until ``release`` (a pool writes into it for its whole life)."""
     global _root, _count
     if requested:
-        os.makedirs(requested, mode=0o700, exist_ok=True)
+        check_log_dir(requested)
+        try:
+            os.makedirs(requested, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise DDPUsageError(f"--log-dir {requested}: cannot create it: {exc.strerror}") from None
+        check_log_dir(requested)  # what was made (or raced in) meanwhile
         return os.path.abspath(requested)
     with _lock:
         if _root is None or not os.path.isdir(_root):
@@ -55,8 +99,24 @@ def new_cell_dir(parent: str, number: int) -> str:
     cells of a pool are kept (a ``--log-dir`` pool keeps all)."""
     path = os.path.join(parent, f"cell-{number}")
     os.makedirs(path, mode=0o700, exist_ok=True)
+    if os.path.islink(path) or os.stat(path).st_uid != os.geteuid():
+        raise OSError(f"{path} is not nbddp's own folder")
     if _root is not None and os.path.dirname(parent) == _root and number > KEEP:
         shutil.rmtree(os.path.join(parent, f"cell-{number - KEEP}"), ignore_errors=True)
+    return path
+
+
+def fresh_subdir(path: str) -> str:
+    """``path`` as a new, empty 0700 folder of nbddp's own (a launch's ``status/``): whatever
+    was there (an earlier launch's in a reused ``--log-dir``, or a link) is removed first."""
+    try:
+        if os.path.islink(path) or not os.path.isdir(path):
+            os.unlink(path)
+        else:
+            shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    os.mkdir(path, 0o700)
     return path
 
 

@@ -33,11 +33,12 @@ class Launch:
         self.base_env = dict(os.environ if base_env is None else base_env)
 
     def run(self) -> RunResult:
+        log_dir = new_log_dir(self.spec.log_dir)  # a --log-dir refused before anything is made
         packed = pushing.pack(self.push)  # one shared file, read by every rank
         script = None if self.source is None else cellscript.create(self.cwd, self.source)
         try:
             ranks = ForkRanks(self.spec, source=self.source, func=self.func, push=packed, cwd=self.cwd,
-                              base_env=self.base_env, log_dir=new_log_dir(self.spec.log_dir),
+                              base_env=self.base_env, log_dir=log_dir,
                               script=script, cell_label=self.cell_label)
             return Supervisor(ranks, self.spec, self.sinks).run()
         finally:

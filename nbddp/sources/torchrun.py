@@ -32,11 +32,11 @@ from nbddp.core.cellnames import log_label
 from nbddp.core.rankfiles import RankFiles
 from nbddp.rank.torchrun_rank import LABEL_VAR, LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from nbddp.core.envvars import legacy_flag
-from nbddp.kernel.logdirs import new_log_dir, private
+from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, private
 from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
 from nbddp.core.spec import LaunchSpec
 from nbddp.sources.supervisor import Source, Supervisor
-from nbddp.sources.torchrun_agent import PREFIX_TEMPLATE, AgentProcess, killpg
+from nbddp.sources.torchrun_agent import PREFIX_TEMPLATE, AgentProcess, killpg, launched_by
 from nbddp.sources.torchrun_ranks import TorchrunRanks
 
 
@@ -99,8 +99,7 @@ class ElasticLaunch(Source):
     def _start(self) -> None:
         spec = self.spec
         log_dir = new_log_dir(spec.log_dir)
-        self.status_dir = RankFiles(log_dir).status_dir
-        os.makedirs(self.status_dir, mode=0o700, exist_ok=True)
+        self.status_dir = fresh_subdir(RankFiles(log_dir).status_dir)  # no earlier launch's pids
         log_copy = RankFiles(log_dir).cell_copy
         with open(log_copy, "w", opener=private) as f:
             f.write(self.source_text)
@@ -184,10 +183,14 @@ class ElasticLaunch(Source):
         return True
 
     def _rank_pids(self) -> dict[int, int]:
-        """Live ranks that can be reached from here: rank → pid."""
+        """Live ranks that can be reached from here: rank → pid. Only pids nbddp started (their
+        environment names this launch's status folder): a pid in a status file is never taken
+        on trust, so a planted or stale file cannot make the kernel signal another process."""
         if self.ranks is None:
             return {}
-        return {r: s["pid"] for r, s in self.ranks.live().items() if self._here(s)}
+        return {r: s["pid"] for r, s in self.ranks.live().items()
+                if self._here(s) and isinstance(s["pid"], int) and s["pid"] > 0
+                and launched_by(s["pid"], STATUS_DIR_VAR, self.status_dir)}
 
     # --------------------------------------------------------------- closing
     def close(self) -> None:

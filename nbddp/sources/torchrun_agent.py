@@ -154,6 +154,21 @@ def killpg(pid: int, sig: int) -> None:
             pass
 
 
+def launched_by(pid: int, var: str, value: str) -> bool:
+    """Is ``pid`` a process of this user that nbddp started, one whose environment (as it was
+    exec'd: ``/proc/PID/environ``) has ``var=value``? A pid read from a status file is only
+    signalled then: a planted file (or a pid reused since) never makes the kernel signal a
+    process nbddp did not start."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except (OSError, ValueError, TypeError):
+        return False
+    return f"{var}={value}".encode() in environ.split(b"\0")
+
+
 def pg_alive(pgid: int | None) -> bool:
     if pgid is None:
         return False

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import glob
 import json
+import os
+import stat
 import socket
 import time
 
@@ -89,9 +91,14 @@ class TorchrunRanks:
         """Read the status files: a rank started (or restarted by torchrun), a rank ended.
         ``stop`` and ``sent``: what nbddp did to the launch (its exit state depends on them)."""
         for path in glob.glob(RankFiles(self.status_dir).status_glob):
-            try:
-                with open(path) as f:
-                    status = json.load(f)
+            try:  # never through a link, never blocking on a FIFO; only a regular file
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                with open(fd, "rb") as f:
+                    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                        continue
+                    status = json.loads(f.read(1 << 20))
+                if not isinstance(status, dict) or not isinstance(status.get("rank"), int):
+                    continue
             except (OSError, ValueError):
                 continue
             r = status["rank"]
