@@ -6,14 +6,16 @@ deadlock). Within 5 s no process of it is left (by pid: the forkserver, the reso
 spares, ranks, nbddp's watcher) and its temporary folder is empty: no ``pymp-*`` (multiprocess),
 no ``nbddp-*`` (logs), no empty ``torchinductor_*`` (torch's cache, made by the preload)."""
 import os
+import secrets
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 
-from helpers import alive, wait_gone
+from helpers import alive, wait_gone, wait_until
 from kernel import Kernel
 
 pytestmark = pytest.mark.kernel  # see tests/conftest.py
@@ -117,3 +119,45 @@ def test_the_watcher_ends_writers_first_and_reads_its_orders():
     ends = [(10, 7, False), (11, 7, True), (12, 8, True), (12, 7, False), (13, 9, True), (14, 8, False)]
     assert holders(ends, {7, 8}) == ({11, 12}, {10, 14})
     assert parse([b"rm /tmp/a b\n", b"rmdir /tmp/c\n", b"pipe 42\n", b"pipe x\n"]) == (["/tmp/a b"], ["/tmp/c"], {42})
+
+
+@pytest.mark.kernel
+def test_the_watcher_ignores_sigterm_and_sighup_and_still_cleans_up(tmp_path):
+    """systemd and TLJH stop a kernel's processes with SIGTERM (a closed terminal sends SIGHUP):
+    nbddp's watcher stays, and removes the kernel's folder when the kernel ends."""
+    folder, token = tmp_path / "nbddp-logs", secrets.token_hex(8)
+    folder.mkdir()
+    code = ("import sys, time\nfrom nbddp.kernel import janitor\n"
+            f"janitor.remove_at_exit({str(folder)!r})\nprint('ready', flush=True)\ntime.sleep(60)")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                             env=dict(os.environ, NBDDP_TEST_TOKEN=token))
+    try:
+        assert owner.stdout.readline().strip() == "ready"
+
+        def watchers():
+            found = []
+            for proc in psutil.process_iter():
+                try:
+                    if proc.environ().get("NBDDP_TEST_TOKEN") == token and proc.pid != owner.pid:
+                        found.append(proc)
+                except psutil.Error:
+                    pass
+            return found
+
+        watcher = wait_until(watchers, 5)
+        assert watcher and "janitor.py" in " ".join(watcher[0].cmdline()), watcher
+        watcher = watcher[0]
+        assert wait_until(lambda: watcher.cwd() == "/", 5)  # its main() runs: the first thing it does
+        time.sleep(0.2)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            watcher.send_signal(sig)
+        time.sleep(0.5)
+        assert watcher.is_running() and watcher.status() != psutil.STATUS_ZOMBIE, "the watcher died of SIGTERM/SIGHUP"
+        assert folder.exists()
+        owner.kill()
+        owner.wait()
+        assert wait_until(lambda: not folder.exists(), 5), "the watcher did not remove the folder"
+        assert not wait_gone([watcher.pid], 5)
+    finally:
+        owner.kill()
+        owner.wait()

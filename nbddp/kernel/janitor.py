@@ -17,9 +17,11 @@ Then it removes the folders (``remove_at_exit``: nbddp's log folders, multiproce
 and the folders that were created empty for nothing (``remove_if_empty_at_exit``).
 
 The watcher runs this file with ``python -I -S`` (standard library only), in a session of its
-own (the stop button's SIGINT and a kill of the kernel's group do not reach it), and is not the
-kernel's child. It cannot outlive the kernel: the pipe it reads is non-inheritable, so only the
-kernel (and what the kernel itself forks) holds its write end.
+own (the stop button's SIGINT and a kill of the kernel's group do not reach it), ignores SIGINT,
+SIGTERM and SIGHUP (a service manager's stop, a closed terminal), and is not the kernel's
+child. It cannot outlive the kernel: the pipe it reads is non-inheritable, and a child the
+kernel forks (``os.fork()``, multiprocessing's fork workers) closes it at once
+(nbddp/kernel/forkguard.py), so only the kernel holds its write end.
 """
 from __future__ import annotations
 
@@ -254,7 +256,11 @@ def sweep(inodes: set[int]) -> None:
 
 def main() -> None:
     os.chdir("/")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Not SIGINT (the stop button), nor SIGTERM or SIGHUP: systemd and TLJH stop a kernel's
+    # processes with SIGTERM, a closed terminal sends SIGHUP, and a watcher that died of them
+    # left the kernel's folders. It ends anyway, at its pipe's end of file.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     lines = []
     with open(0, "rb", closefd=False) as orders:
         for line in orders:  # until EOF: the kernel has ended
