@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from nbddp.core import placement
 from nbddp.core import spec as rules
+from nbddp.core.errors import DDPUsageError
 from nbddp.core.result import RunResult
 from nbddp.core.spec import LaunchSpec
 from nbddp.views import choose
@@ -36,6 +37,7 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
     spec = rules.given_or_made(spec, n, options, shape=pool.spec if pool is not None else None)
     if not isinstance(target, str) and not callable(target):
         raise TypeError(f"nbddp.run needs source text or a callable, got {type(target).__name__}")
+    _check_arguments(args, kwargs, cwd, env_base, push, cell_label)
     func = None if isinstance(target, str) else target
     kind = rules.choose_source(spec, pool=None if pool is None else pool.spec,
                                pool_ready=pool is None or pool.ready, why_broken=getattr(pool, "why_broken", ""),
@@ -55,6 +57,32 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
     if check:
         result.raise_for_status()
     return result
+
+
+def _check_arguments(args, kwargs, cwd, env_base, push, cell_label) -> None:
+    """run()'s own arguments, each of the type it must have (DDPUsageError, not a TypeError from
+    inside a launch)."""
+    def refuse(name, takes, value):
+        raise DDPUsageError(f"nbddp.run: {name}= takes {takes}, got {rules._shown(value)}")
+
+    if not isinstance(args, (tuple, list)):
+        refuse("args", "a tuple of arguments", args)
+    if kwargs is not None and not (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)):
+        refuse("kwargs", "a dict of keyword arguments", kwargs)
+    if push is not None and not (isinstance(push, dict) and all(isinstance(k, str) and k.isidentifier()
+                                                                for k in push)):
+        refuse("push", "a dict of Python names to values", push)
+    if env_base is not None and not (isinstance(env_base, dict) and all(
+            isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k and k
+            for k, v in env_base.items())):
+        refuse("env_base", "a dict of environment variables (text to text)", env_base)
+    if cell_label is not None and not isinstance(cell_label, str):
+        refuse("cell_label", "text", cell_label)
+    if cwd is not None:
+        if not isinstance(cwd, (str, os.PathLike)):
+            refuse("cwd", "a folder", cwd)
+        if not os.path.isdir(cwd):
+            refuse("cwd", "a folder that exists", cwd)
 
 
 @dataclass(frozen=True)

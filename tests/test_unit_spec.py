@@ -2,7 +2,9 @@
 any process: every row of the docs' table of bad magic input, checked against the rules
 directly, with the message the docs show; and nbddp.run / nbddp.Pool raising the same
 DDPUsageError (a ValueError, never IPython's UsageError) before anything starts."""
+import os
 import re
+import shutil
 import socket
 from pathlib import Path
 
@@ -285,3 +287,121 @@ def test_private_net_rule_is_applied_by_the_store_host(monkeypatch):
         rendezvous.host_for(parse_line("--start-method spawn"))
     with pytest.raises(DDPUsageError, match="--master-addr 10.1.2.3 is not this machine's loopback"):
         rendezvous.host_for(parse_line("--master-addr 10.1.2.3"))
+
+
+# ------------------------------------------- input that passed the rules and then failed raw (#37.16)
+RAW_BEFORE = [  # (a call, words its one-line DDPUsageError says)
+    (lambda: parse_line("--master-addr " + "a" * 64 + ".example"), "host name or IP address"),
+    (lambda: parse_line("--master-addr node\udc80"), "lone surrogate"),
+    (lambda: parse_line("--master-addr 'node 0'"), "host name or IP address"),
+    (lambda: parse_line("--launcher torchrun --rdzv-endpoint " + "b" * 64 + ":29500"), "host name or IP"),
+    (lambda: parse_line("--log-dir /etc/passwd"), "exists and is not a folder"),
+    (lambda: parse_line("--log-dir /etc/passwd/logs"), "/etc/passwd is not a folder"),
+    (lambda: nbddp.run("pass", n=1, master_port="29500"), "--master-port takes a port number"),
+    (lambda: nbddp.run("pass", n=1, master_port=True), "--master-port takes a port number"),
+    (lambda: nbddp.run("pass", n=1, timeout="10"), "--timeout takes a number of seconds"),
+    (lambda: nbddp.run("pass", n=1, timeout=float("nan")), "--timeout takes a number of seconds"),
+    (lambda: nbddp.run("pass", n=1, nnodes="2"), "--nnodes must be a whole number"),
+    (lambda: nbddp.run("pass", n=1, ranks_shown=0), "--ranks takes a list"),
+    (lambda: nbddp.run("pass", n=1, env={"A": "x\0y"}), "NUL"),
+    (lambda: nbddp.run("pass", n=1, pull=["x@y"]), "not a Python name"),
+    (lambda: nbddp.run("pass", n=1, fresh="no"), "--fresh takes True or False"),
+    (lambda: nbddp.run("pass", n=1, export="x.py", slurm=True, partition="a\nb"), "Slurm name"),
+    (lambda: nbddp.run("pass", n=1, push=5), "push= takes a dict"),
+    (lambda: nbddp.run("pass", n=1, cwd="/nonexistent/x"), "cwd= takes a folder that exists"),
+    (lambda: rules.check_cell("# %%ddp\nreturn 1\n"), "'return' outside function"),
+    (lambda: rules.check_cell("# %%ddp\nyield 1\n"), "'yield' outside function"),
+    (lambda: rules.check_cell("# %%ddp\nawait f()\n"), "'await' outside function"),
+    (lambda: rules.check_cell("x = 1\0"), "null bytes"),
+]
+
+
+@pytest.mark.parametrize("call, words", RAW_BEFORE)
+def test_input_that_used_to_fail_raw_is_refused_in_one_line_before_anything_starts(call, words):
+    with pytest.raises(DDPUsageError) as info:
+        call()
+    assert words in str(info.value), str(info.value)
+
+
+def test_a_log_dir_under_the_home_folder_is_there_not_in_a_folder_named_tilde():
+    assert parse_line("--log-dir ~/nbddp-logs").log_dir == str(Path.home() / "nbddp-logs")
+    assert nbddp.core.spec.make_spec(log_dir="~/x").log_dir == str(Path.home() / "x")
+    assert rules.given_or_made(rules.LaunchSpec(log_dir="~/y")).log_dir == str(Path.home() / "y")
+
+
+def test_hosts_and_endpoints_that_are_fine_still_pass():
+    for line in ("--master-addr ::1", "--master-addr [::1]", "--master-addr node-0.cluster_a.local",
+                 "--master-addr 10.0.0.1", "--master-addr b\u00fccher.example",
+                 "--launcher torchrun --rdzv-endpoint [::1]:29500", "--launcher torchrun --rdzv-endpoint n0:29500",
+                 "--launcher torchrun --rdzv-endpoint localhost"):
+        assert parse_line(line) is not None, line
+
+
+# ------------------------------------------------- how many ranks the machine runs (#37.9)
+def test_a_rank_count_past_what_the_machine_runs_is_refused_naming_both_numbers():
+    from nbddp.core import capacity
+
+    bound = min(capacity.limits(capacity.machine()))[0]
+    for line in (f"-n {bound + 1}", "-n 99999999999", f"--nproc-per-node {bound + 1} --launcher torchrun"):
+        with pytest.raises(DDPUsageError, match=rf"{bound + 1 if '999' not in line else 99999999999} ranks is more") as info:
+            parse_line(line)
+        assert "--max-ranks" in str(info.value), str(info.value)
+    with pytest.raises(DDPUsageError, match=r"is more than this machine runs: at most \d+ \(.*\); if you mean it"):
+        nbddp.run("pass", n=bound + 1)
+    assert parse_line(f"-n {bound + 1} --max-ranks {bound + 1}").world_size == bound + 1  # the way past it
+    with pytest.raises(DDPUsageError, match=r"-n 3 ranks is more than --max-ranks 2"):
+        parse_line("-n 3 --max-ranks 2")
+    assert parse_line(f"-n {bound}").world_size == bound
+
+
+def test_the_bound_comes_from_each_limit_of_the_machine():
+    from nbddp.core.capacity import AT_LEAST, Machine, refusal
+
+    roomy = Machine(cores=2, mem_available_mib=10 ** 6, nproc_limit=None, fd_hard_limit=None)
+    assert refusal(AT_LEAST, AT_LEAST, None, roomy) is None
+    assert "2 cores" in refusal(AT_LEAST + 1, AT_LEAST + 1, None, roomy)
+    assert "GiB of memory" in refusal(40, 40, None, Machine(256, 1024, None, None))         # 32 ranks fit
+    assert "ulimit -u" in refusal(40, 40, None, Machine(256, None, 50, None))
+    assert "ulimit -Hn" in refusal(300, 300, None, Machine(256, None, None, 1024))
+    assert refusal(10 ** 6, 10 ** 6, None, None).startswith("-n 1000000 ranks is more than 65536")  # Slurm
+    assert refusal(8, 16, None, Machine(1, 1024, None, None)) is None                     # torchrun: this node's
+    assert "8 ranks on this machine (-n 16)" in refusal(8, 16, None, Machine(1, 128, None, None))
+
+
+@pytest.mark.kernel  # forks a process that acts as another user
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to act as a second user, nobody)")
+def test_a_log_dir_the_user_cannot_write_is_refused_before_anything_starts():
+    """As ``nobody``: a --log-dir in root's 0755 folder is refused in one line (it was an OSError
+    from inside the launch)."""
+    import pwd
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="nbddp-test-logdir-")
+    os.chmod(root, 0o755)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nobody, the rule, the message back
+        try:
+            os.setgid(pwd.getpwnam("nobody").pw_gid)
+            os.setuid(pwd.getpwnam("nobody").pw_uid)
+            out = []
+            for d in (root, os.path.join(root, "new", "logs")):
+                try:
+                    parse_line(f"--log-dir {d}")
+                    out.append(f"accepted {d}")
+                except DDPUsageError as exc:
+                    out.append(str(exc))
+            os.write(write, "\n".join(out).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        with os.fdopen(read) as f:
+            said = f.read().splitlines()
+        os.waitpid(pid, 0)
+    finally:
+        shutil.rmtree(root)
+    assert said == [
+        f"%%ddp: --log-dir {root} is not writable by this user",
+        f"%%ddp: --log-dir {root}/new/logs cannot be made: {root} is not writable by this user",
+    ], said

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import ipaddress
+import math
+import os
 import re
 import shlex
 from dataclasses import dataclass, field, replace
 
+from nbddp.core import capacity
 from nbddp.core.envvars import LAUNCHER_OWNED
 from nbddp.core.errors import DDPUsageError
 
@@ -61,6 +65,7 @@ class LaunchSpec:
     time_limit: str | None = None
     sbatch: tuple[str, ...] = ()
     pdb: bool = False                 # a failing rank opens the debugger in the notebook (post-mortem)
+    max_ranks: int | None = None      # past the machine's bound (nbddp/core/capacity.py), explicitly
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -135,6 +140,8 @@ def _seconds(name):
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, got {text!r}")
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{name} must be more than 0 seconds, got {text}")
         return value
@@ -211,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_positive_int("--nproc-per-node"), default=None, help="ranks per (simulated) node")
     p.add_argument("--nnodes", type=_positive_int("--nnodes"), default=1,
                    help="number of nodes; with the local launcher they are simulated on this machine")
+    p.add_argument("--max-ranks", dest="max_ranks", type=_positive_int("--max-ranks"), default=None,
+                   metavar="N", help="allow up to N ranks on this machine (with --launcher slurm: in the "
+                                     "job) in place of the bound nbddp sets from its cores, memory and process "
+                                     "and descriptor limits, so that a typo such as -n 4000 is refused before "
+                                     "anything starts")
     p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=_nonneg_int("--node-rank"), default=None,
                    help="this machine's node rank (torchrun launcher only)")
     p.add_argument("--master-addr", "--master_addr", dest="master_addr", default="localhost",
@@ -303,7 +315,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
                      rdzv_timeout=ns.rdzv_timeout,
                      gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, export=ns.export,
                      slurm=ns.slurm, partition=ns.partition, account=ns.account, time_limit=ns.time_limit,
-                     sbatch=ns.sbatch, pdb=ns.pdb)
+                     sbatch=ns.sbatch, pdb=ns.pdb, max_ranks=ns.max_ranks)
 
 
 def _glue_sbatch(words: list[str]) -> list[str]:
@@ -320,11 +332,10 @@ def _glue_sbatch(words: list[str]) -> list[str]:
 def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: int = 1,
               **options) -> LaunchSpec:
     """Build a LaunchSpec from keyword options (the Python API's entry), checking them all."""
-    if nnodes < 1:
-        raise DDPUsageError(f"%%ddp: --nnodes must be at least 1, got {nnodes}")
-    for name, value in (("-n", n), ("--nproc-per-node", nproc_per_node)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise DDPUsageError(f"%%ddp: {name} must be a whole number of at least 1, got {value!r}")
+    nnodes = 1 if nnodes is None else nnodes
+    for name, value in (("-n", n), ("--nproc-per-node", nproc_per_node), ("--nnodes", nnodes)):
+        if value is not None and (not _is_int(value) or value < 1):
+            raise DDPUsageError(f"%%ddp: {name} must be a whole number of at least 1, got {_shown(value)}")
     if nproc_per_node is None:
         total = 1 * nnodes if n is None else n
         if total % nnodes:
@@ -333,28 +344,45 @@ def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: i
     elif n is not None and n != nproc_per_node * nnodes:
         raise DDPUsageError(f"%%ddp: -n {n} disagrees with --nproc-per-node {nproc_per_node} x "
                          f"--nnodes {nnodes} = {nproc_per_node * nnodes}")
-    env = options.pop("env", None) or {}
-    if isinstance(env, dict):
-        env = tuple(env.items())
+    env = _env_pairs(options.pop("env", None))
     for key, value in env:
         if not _ENV_KEY.match(str(key)):
-            raise DDPUsageError(f"%%ddp: --env key {key!r} is not a valid variable name")
+            raise DDPUsageError(f"%%ddp: --env key {_shown(key)} is not a valid variable name")
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes,
                       env=tuple((str(k), str(v)) for k, v in env))
-    unknown = sorted(set(options) - _FIELDS)
+    unknown = sorted(map(str, set(options) - _FIELDS))
     if unknown:
         raise DDPUsageError(f"%%ddp: unknown option{'s' if len(unknown) > 1 else ''} "
-                            f"{', '.join(map(repr, unknown))} (the options are %%ddp's, with underscores)")
+                            f"{', '.join(map(_shown, unknown))} (the options are %%ddp's, with underscores)")
     options = {k: v for k, v in options.items() if v is not None or k in ("timeout", "idle_warning")}
-    for key in ("script_args", "push", "pull", "sbatch"):
-        if key in options:
+    for key in ("script_args", "push", "pull", "sbatch", "ranks_shown", "gpus"):
+        if options.get(key) is not None:
+            if not isinstance(options[key], (list, tuple, range)):
+                raise DDPUsageError(f"%%ddp: {_flag(key)} takes a list, got {_shown(options[key])}")
             options[key] = tuple(options[key])
-    if options.get("ranks_shown") is not None:
-        options["ranks_shown"] = tuple(options["ranks_shown"])
-    if options.get("gpus") is not None:
-        options["gpus"] = tuple(options["gpus"])
+    if isinstance(options.get("log_dir"), os.PathLike):
+        options["log_dir"] = os.fspath(options["log_dir"])
     spec = replace(spec, **options)
     _check(spec)
+    return _expanded(spec)
+
+
+def _env_pairs(env) -> tuple:
+    """``env=`` as (key, value) pairs: a dict, or pairs (the parser's)."""
+    if env is None:
+        return ()
+    if isinstance(env, dict):
+        return tuple(env.items())
+    if isinstance(env, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in env):
+        return tuple(tuple(p) for p in env)
+    raise DDPUsageError(f"%%ddp: env takes a dict of variables, got {_shown(env)}")
+
+
+def _expanded(spec: LaunchSpec) -> LaunchSpec:
+    """``--log-dir ~/logs`` is the home folder's logs (a shell would expand it; a folder named
+    ``~`` in the working folder is never what was meant)."""
+    if spec.log_dir and spec.log_dir.startswith("~"):
+        return replace(spec, log_dir=os.path.expanduser(spec.log_dir))
     return spec
 
 
@@ -371,14 +399,179 @@ def given_or_made(spec: LaunchSpec | None, n: int | None = None, options: dict |
         if n is not None or options:
             raise DDPUsageError(f"%%ddp: give spec= or options, not both (got spec= and "
                                 f"{', '.join(['n'] * (n is not None) + sorted(options))})")
+        if not isinstance(spec, LaunchSpec):
+            raise DDPUsageError(f"%%ddp: spec= takes a LaunchSpec, got {_shown(spec)}")
         _check(spec)
-        return spec
+        return _expanded(spec)
     if shape is not None and n is None and not {"nproc_per_node", "nnodes"} & set(options):
         options.update(nproc_per_node=shape.nproc_per_node, nnodes=shape.nnodes)
     return make_spec(n=n, **options)
 
 
+# ------------------------------------------------------------- each option's type
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(value) -> str:
+    """A value in a message: its repr, cut (a hostile value can be a megabyte)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_FLAGS = {"ranks_shown": "--ranks", "time_limit": "--time"}
+
+
+def _flag(name: str) -> str:
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def _ints(value) -> bool:
+    return isinstance(value, tuple) and all(_is_int(v) for v in value)
+
+
+def _texts(value) -> bool:
+    return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+
+
+_INT, _OPT_INT = (_is_int, "a whole number"), (lambda v: v is None or _is_int(v), "a whole number")
+_STR, _OPT_STR = (lambda v: isinstance(v, str), "text"), (lambda v: v is None or isinstance(v, str), "text")
+_OPT_SECONDS = (lambda v: v is None or _is_seconds(v), "a number of seconds")
+_BOOL = (lambda v: isinstance(v, bool), "True or False")
+_TYPES = {  # what each LaunchSpec field takes, as the Python API may be given anything
+    "nproc_per_node": _INT, "nnodes": _INT, "node_rank": _OPT_INT, "master_addr": _STR,
+    "master_port": (lambda v: v is None or _is_int(v), "a port number (an int)"), "backend": _STR,
+    "timeout": _OPT_SECONDS, "idle_warning": _OPT_SECONDS,
+    "env": (lambda v: isinstance(v, tuple) and all(_texts(p) and len(p) == 2 for p in v), "KEY=VALUE pairs"),
+    "legacy_launch": _OPT_STR, "start_method": _STR,
+    "ranks_shown": (lambda v: v is None or _ints(v), "rank numbers"), "output": _STR, "same_lines": _OPT_STR,
+    "log_dir": _OPT_STR, "script_args": (_texts, "a list of text arguments"), "launcher": _STR,
+    "fresh": _BOOL, "push": (_texts, "names"), "pull": (_texts, "names"), "rdzv_endpoint": _OPT_STR,
+    "rdzv_backend": _STR, "rdzv_id": _OPT_STR, "max_restarts": _INT, "rdzv_timeout": _OPT_SECONDS,
+    "gpus": (lambda v: v is None or _ints(v), "device numbers"), "export": _OPT_STR, "slurm": _BOOL,
+    "partition": _OPT_STR, "account": _OPT_STR, "time_limit": _OPT_STR,
+    "sbatch": (_texts, "#SBATCH options"), "pdb": _BOOL, "max_ranks": _OPT_INT,
+}
+assert set(_TYPES) == set(LaunchSpec.__dataclass_fields__) - {"extra"}
+MAX_SECONDS = 365 * 24 * 3600.0  # any longer is a typo (and past what some waits accept)
+
+
+def _check_types(spec: LaunchSpec) -> None:
+    """Each field of the type it must have, its text passable to a process (argv, environment,
+    a path: no NUL, no lone surrogate) and its numbers finite and in range."""
+    for name, (ok, takes) in _TYPES.items():
+        value = getattr(spec, name)
+        if not ok(value):
+            raise DDPUsageError(f"%%ddp: {_flag(name)} takes {takes}, got {_shown(value)}")
+        for text in _strings(value):
+            if "\0" in text:
+                raise DDPUsageError(f"%%ddp: {_flag(name)} cannot hold a NUL character, got {_shown(text)}")
+            try:
+                text.encode("utf-8")
+            except UnicodeError:
+                raise DDPUsageError(f"%%ddp: {_flag(name)} is not valid text (a lone surrogate), "
+                                    f"got {_shown(text)}") from None
+    for name in ("timeout", "idle_warning", "rdzv_timeout"):
+        value = getattr(spec, name)
+        if value is None:
+            continue
+        least = 0 if name == "idle_warning" else None  # --idle-warning 0 turns it off
+        if not math.isfinite(value):
+            raise DDPUsageError(f"%%ddp: {_flag(name)} takes a number of seconds, got {value}")
+        if not (value >= 0 if least == 0 else value > 0):
+            more = "0 seconds or more" if least == 0 else "more than 0 seconds"
+            raise DDPUsageError(f"%%ddp: {_flag(name)} must be {more}, got {value}")
+        if value > MAX_SECONDS:
+            raise DDPUsageError(f"%%ddp: {_flag(name)} {value:g} seconds is more than a year")
+    for name in ("node_rank", "max_restarts"):
+        if getattr(spec, name) is not None and getattr(spec, name) < 0:
+            raise DDPUsageError(f"%%ddp: {_flag(name)} must be 0 or more, got {getattr(spec, name)}")
+    if spec.max_ranks is not None and spec.max_ranks < 1:
+        raise DDPUsageError(f"%%ddp: --max-ranks must be at least 1, got {spec.max_ranks}")
+    for name, check in (("partition", _slurm_name("--partition")), ("account", _slurm_name("--account")),
+                        ("time_limit", _slurm_time)):
+        if getattr(spec, name) is not None:
+            _as_usage(check, getattr(spec, name))
+    for line in spec.sbatch:
+        _as_usage(_sbatch_line, line)
+    for name in ("push", "pull"):
+        for item in getattr(spec, name):
+            if _as_usage(_names, item) != (item,):
+                raise DDPUsageError(f"%%ddp: --{name} takes one name per item, got {_shown(item)}")
+    if spec.legacy_launch not in (None, "dash", "underscore"):
+        raise DDPUsageError(f"%%ddp: --legacy-launch must be dash or underscore, got {_shown(spec.legacy_launch)}")
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _strings(item)
+
+
+def _as_usage(conv, text):
+    """One of the parser's converters, for a value the Python API was given."""
+    try:
+        return conv(text)
+    except argparse.ArgumentTypeError as exc:
+        raise DDPUsageError(f"%%ddp: {exc}") from None
+
+
+def check_host(host: str, who: str) -> None:
+    """A host name or IP address a socket can be given: a name's labels 1–63 characters, 253 in
+    all (IDNA; Python's resolver raises UnicodeError otherwise), no spaces or control characters."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+        return
+    except ValueError:
+        pass
+    try:
+        ascii_name = bare.rstrip(".").encode("idna").decode("ascii")
+    except UnicodeError:
+        ascii_name = ""
+    if not ascii_name or len(ascii_name) > 253 or not re.match(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$", ascii_name):
+        raise DDPUsageError(f"{who} takes a host name or IP address, got {_shown(host)} (a name is "
+                            "dot-separated labels of 1–63 letters, digits or hyphens)")
+
+
+def check_log_dir(path: str) -> None:
+    """``--log-dir``: a folder that is there and writable, or one that can be made in the nearest
+    folder that is (checked before anything starts, not an OSError half-way)."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.lexists(full) and not os.path.isdir(full):
+        raise DDPUsageError(f"%%ddp: --log-dir {path}: exists and is not a folder")
+    parent = full
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise DDPUsageError(f"%%ddp: --log-dir {path}: {parent} is not a folder, so no folder can be made in it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        what = "is not writable" if parent == full else f"cannot be made: {parent} is not writable"
+        raise DDPUsageError(f"%%ddp: --log-dir {path} {what} by this user")
+
+
+def _check_capacity(spec: LaunchSpec) -> None:
+    """No more ranks than the machine runs (nbddp/core/capacity.py), unless --max-ranks says so:
+    the local launcher runs every rank here, torchrun this node's, Slurm none."""
+    if spec.launcher == "slurm":
+        here, machine = spec.world_size, None
+    else:
+        here = spec.world_size if spec.launcher == "local" else spec.nproc_per_node
+        machine = capacity.machine()
+    why = capacity.refusal(here, spec.world_size, spec.max_ranks, machine)
+    if why:
+        raise DDPUsageError(f"%%ddp: {why}")
+
+
 def _check(spec: LaunchSpec) -> None:
+    _check_types(spec)
+    _check_capacity(spec)
     if spec.backend not in BACKENDS:
         raise DDPUsageError(f"%%ddp: --backend must be one of {', '.join(BACKENDS)}, got {spec.backend!r}")
     if spec.start_method not in START_METHODS:
@@ -405,6 +598,9 @@ def _check(spec: LaunchSpec) -> None:
             raise DDPUsageError(f"%%ddp: --node-rank {spec.node_rank} must be below --nnodes {spec.nnodes}")
     if not spec.master_addr:
         raise DDPUsageError("%%ddp: --master-addr must not be empty")
+    check_host(spec.master_addr, "%%ddp: --master-addr")
+    if spec.log_dir is not None:
+        check_log_dir(spec.log_dir)
     for key, _ in spec.env:
         if key in LAUNCHER_OWNED:
             raise DDPUsageError(f"%%ddp: --env {key}=…: the launcher sets {key} for each rank, as torchrun "
@@ -442,8 +638,11 @@ def _check(spec: LaunchSpec) -> None:
             raise DDPUsageError(f"%%ddp: --pull {item}: rank {rank} outside 0..{spec.world_size - 1}")
     if spec.export is not None:
         check_script_name(spec.export, "%%ddp: --export")
-    if spec.rdzv_endpoint is not None and not re.match(r"^\[?[^\s\[\]]+\]?(:\d{1,5})?$", spec.rdzv_endpoint):
-        raise DDPUsageError(f"%%ddp: --rdzv-endpoint takes HOST[:PORT], got {spec.rdzv_endpoint!r}")
+    if spec.rdzv_endpoint is not None:
+        match = re.match(r"^(\[[^\s\[\]]+\]|[^\s\[\]:]+|[^\s\[\]]+)(:\d{1,5})?$", spec.rdzv_endpoint)
+        if not match:
+            raise DDPUsageError(f"%%ddp: --rdzv-endpoint takes HOST[:PORT], got {_shown(spec.rdzv_endpoint)}")
+        check_host(match.group(1), "%%ddp: --rdzv-endpoint")
 
 
 _NO_VALUES_ACROSS = ("%%ddp: --push/--pull move values between the notebook and the local launcher's "
@@ -460,10 +659,10 @@ def check_cell(source: str, who: str = "%%ddp", so: str = "so no rank was starte
     a DDPUsageError that IPython shows as just the message (no frames from inside nbddp or
     IPython) and that still fails the cell for papermill. Line numbers are the notebook
     cell's (the magic's own line is line 1 of ``source``)."""
-    import ast
-
-    try:
-        ast.parse(source, filename="<%%ddp cell>")
+    try:  # compiled, not just parsed: a top-level return, yield or await is refused here too
+        compile(source, "<%%ddp cell>", "exec", dont_inherit=True)
+    except ValueError as exc:  # a NUL in the source
+        raise DDPUsageError(f"{who}: the cell cannot be compiled, {so}: {exc}") from None
     except SyntaxError as exc:
         where = f"cell line {exc.lineno}" if exc.lineno else "the cell"
         text = [f"{who}: {where} has a syntax error, {so}:"]
