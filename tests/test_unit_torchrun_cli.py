@@ -10,7 +10,7 @@ from nbddp import export
 from nbddp.core import diagnosis
 from nbddp.core import torchrun_cli
 from nbddp.core.spec import parse_line
-from nbddp.sources.slurm import NODE_SCRIPT, SlurmLaunch
+from nbddp.sources.slurm import SlurmLaunch, node_script_text
 from nbddp.sources.slurm_script import sbatch_text
 from nbddp.sources.torchrun import ElasticLaunch
 
@@ -91,7 +91,7 @@ def test_legacy_launch_exports_torch_distributed_launch():
 
 # -------------------------------------------------------------------- Slurm
 SLURM_WORDS = ('--nnodes="$SLURM_NNODES" --nproc-per-node=4 --rdzv-backend=c10d '
-               '--rdzv-endpoint="$head_node:$rdzv_port" --rdzv-id="$SLURM_JOB_ID"')
+               '--rdzv-endpoint="$head_node:$rdzv_port"')
 
 
 def test_the_sbatch_job_runs_torchrun_with_the_jobs_node_count_and_endpoint():
@@ -101,20 +101,20 @@ def test_the_sbatch_job_runs_torchrun_with_the_jobs_node_count_and_endpoint():
     assert f"  {SLURM_WORDS} --max-restarts=1 \\" in text.splitlines()
     timed = sbatch_text(spec("--launcher torchrun --slurm --nnodes 2 -n 8 --rdzv-endpoint h:29400 --rdzv-timeout 29.2"), "train.py")
     assert '  "$PYTHON" -m torch.distributed.run \\' in timed.splitlines()
-    assert f"  {SLURM_WORDS} --rdzv-conf=join_timeout=30 \\" in timed.splitlines()
+    assert f"  {SLURM_WORDS} \\" in timed.splitlines()
+    assert "RDZV_CONF_MORE=,join_timeout=30" in timed.splitlines()
 
 
 def test_the_slurm_launchers_node_script_runs_the_same_options(tmp_path):
-    s = spec("--launcher slurm --nnodes 2 -n 4 -- --lr 1")
+    s = spec("--launcher slurm --nnodes 2 -n 4 --max-restarts 1 -- --lr 1")
     launch = SlurmLaunch(s, source="pass", cwd=str(tmp_path), base_env={"PATH": ""})
     assert launch.options == [
         '--nnodes="$SLURM_STEP_NUM_NODES"', "--nproc-per-node=2", "--rdzv-backend=c10d",
-        '--rdzv-endpoint="$head_node:$rdzv_port"', '--rdzv-id="$SLURM_JOB_ID.$SLURM_STEP_ID"']
-    script = NODE_SCRIPT.format(step_file="/s", python="/py", module=torchrun_cli.RUN_MODULE,
-                                options=" ".join(launch.options))
+        '--rdzv-endpoint="$head_node:$rdzv_port"', "--max-restarts=1"]
+    script = node_script_text(s, "/s", "/py", launch.options)
     assert ('exec /py -m torch.distributed.run --nnodes="$SLURM_STEP_NUM_NODES" --nproc-per-node=2 '
-            '--rdzv-backend=c10d --rdzv-endpoint="$head_node:$rdzv_port" '
-            '--rdzv-id="$SLURM_JOB_ID.$SLURM_STEP_ID" \\\n  "$@"') in script
+            '--rdzv-backend=c10d --rdzv-endpoint="$head_node:$rdzv_port" --max-restarts=1 \\\n  "$@"') in script
+    assert "  export PET_RDZV_CONF=is_host=true\n" in script and "  export PET_RDZV_CONF=is_host=false\n" in script
     assert torchrun_cli.rank_entry("/l", "/c.py", s.script_args) == [
         "--tee=3", "--log-dir=/l/torchrun", "-m", "nbddp.rank.torchrun_rank", "/c.py", "--lr", "1"]
 

@@ -47,14 +47,26 @@ def _join_timeout(spec: LaunchSpec) -> list[str]:
     return [f"--rdzv-conf=join_timeout={math.ceil(spec.rdzv_timeout)}"] if spec.rdzv_timeout else []
 
 
-def slurm_options(spec: LaunchSpec, nnodes: str, endpoint: str, rdzv_id: str,
-                  backend: str | None = None) -> list[str]:
-    """torchrun's options inside a Slurm job, as shell words: the node count, the rendezvous
-    endpoint and id come from the job (e.g. ``"$SLURM_NNODES"``, expanded by the job's shell)."""
+def slurm_options(spec: LaunchSpec, nnodes: str, endpoint: str, backend: str | None = None) -> list[str]:
+    """torchrun's options inside a Slurm job, as shell words: the node count and the rendezvous
+    endpoint come from the job (e.g. ``"$SLURM_NNODES"``, expanded by the job's shell). The
+    rendezvous id and conf are not among them: the job gives them in torchrun's environment
+    (``PET_RDZV_ID``, ``PET_RDZV_CONF``: slurm_rdzv_conf), which ``ps`` does not show other users."""
     return ([f"--nnodes={nnodes}", f"--nproc-per-node={spec.nproc_per_node}",
-             f"--rdzv-backend={backend or spec.rdzv_backend}", f"--rdzv-endpoint={endpoint}",
-             f"--rdzv-id={rdzv_id}"] + _join_timeout(spec) +
+             f"--rdzv-backend={backend or spec.rdzv_backend}", f"--rdzv-endpoint={endpoint}"] +
             ([f"--max-restarts={spec.max_restarts}"] if spec.max_restarts else []))
+
+
+def slurm_rdzv_conf(spec: LaunchSpec, is_host: str) -> str:
+    """The c10d rendezvous conf of one node of a Slurm job: ``is_host`` says explicitly whether this
+    node hosts the store (torch's own guess falls back to joining whatever store already listens
+    on a taken port; explicit, the taken port fails), then the join timeout (conf_tail)."""
+    return f"is_host={is_host}" + conf_tail(spec)
+
+
+def conf_tail(spec: LaunchSpec) -> str:
+    """``,join_timeout=N`` for a cell with ``--rdzv-timeout``, else nothing."""
+    return f",join_timeout={math.ceil(spec.rdzv_timeout)}" if spec.rdzv_timeout else ""
 
 
 def module(spec: LaunchSpec) -> str:
@@ -82,9 +94,13 @@ def agent_command(python: str, spec: LaunchSpec, log_dir: str, cell_path: str) -
     return [python, "-m", RUN_MODULE] + options(spec) + rank_entry(log_dir, cell_path, spec.script_args)
 
 
-def node_commands(spec: LaunchSpec, script: str) -> list[str]:
+MASK = "***"  # an --env value in a command the notebook shows
+
+
+def node_commands(spec: LaunchSpec, script: str, masked: bool = False) -> list[str]:
     """One shell command line per node that runs ``script`` as the cell ran (a single one for a
-    one-node cell); a static multi-node cell without a port gets torchrun's default port."""
+    one-node cell); a static multi-node cell without a port gets torchrun's default port.
+    ``masked``: the ``--env`` values shown as ``***`` (for the notebook: they may be secrets)."""
     if spec.nnodes > 1 and not spec.rdzv_endpoint and spec.master_port is None:
         spec = replace(spec, master_port=DEFAULT_MASTER_PORT)
     if spec.nnodes == 1 and not spec.rdzv_endpoint and spec.master_port is None:
@@ -92,7 +108,7 @@ def node_commands(spec: LaunchSpec, script: str) -> list[str]:
     else:
         nodes = list(range(spec.nnodes))
     tail = [shlex.quote(word) for word in [script] + list(spec.script_args)]
-    env = [f"{k}={shlex.quote(v)}" for k, v in spec.env]
+    env = [f"{k}={MASK if masked else shlex.quote(v)}" for k, v in spec.env]
     return [" ".join(env + launcher_words(spec) + options(spec, node_rank=node) + tail) for node in nodes]
 
 

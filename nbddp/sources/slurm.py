@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shlex
 import signal
 import socket
@@ -28,23 +29,39 @@ from dataclasses import replace
 
 from nbddp.core.errors import DDPUsageError
 from nbddp.core import diagnosis
-from nbddp.core import torchrun_cli
+from nbddp.core import envvars, torchrun_cli
 from nbddp.sources.torchrun import ElasticLaunch
 from nbddp.core.result import RunResult
-from nbddp.sources.slurm_script import wants_gpus
+from nbddp.sources.slurm_script import PORT_CHECK, wants_gpus
 from nbddp.core.spec import LaunchSpec
+from nbddp.kernel.logdirs import private
 
 CANCEL_WAIT_S = 15.0
+# The launch's rendezvous port, where the cell names none (--master-port): random, below Linux's
+# ephemeral range (32768-60999) so that no outgoing connection holds it.
+PORT_RANGE = (20000, 32768)
 NODE_SCRIPT = """#!/bin/bash
 # One Slurm task per node (written by nbddp): torchrun starts this node's ranks; all nodes meet
-# at a c10d rendezvous on the step's first node, on a port taken from the job and step ids.
+# at a c10d rendezvous on the step's first node, which hosts its store (is_host=true: a taken port
+# fails, rather than joining someone else's store). Port and id are this launch's own, random
+# (nothing squeue shows derives them); the id goes in torchrun's environment, not on its command
+# line, which `ps` shows every user.
 set -eu
 echo "$SLURM_JOB_ID $SLURM_STEP_ID" > {step_file}
 head_node=$(scontrol show hostnames "${{SLURM_STEP_NODELIST:-$SLURM_JOB_NODELIST}}" | head -n 1)
-rdzv_port=$((29500 + (SLURM_JOB_ID * 8 + SLURM_STEP_ID) % 10000))
+rdzv_port={port}
+export PET_RDZV_ID={rdzv_id}
+if [ "$SLURMD_NODENAME" = "$head_node" ]; then
+  {python} -c {port_check} "$rdzv_port" {hint} > /dev/null
+  export PET_RDZV_CONF={conf_host}
+else
+  export PET_RDZV_CONF={conf_join}
+fi
 exec {python} -m {module} {options} \\
   "$@"
 """
+NODE_SCRIPT_SAYS = "nbddp: "  # how PORT_CHECK's line starts
+PORT_HINT = "choose another with --master-port PORT, or leave it out for a random one"
 
 
 class SlurmLaunch(ElasticLaunch):
@@ -66,6 +83,7 @@ class SlurmLaunch(ElasticLaunch):
             spec = replace(spec, log_dir=tempfile.mkdtemp(prefix="launch-", dir=root))
         super().__init__(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env,
                          device_count=0 if device_count is None else device_count)
+        self.base_env = envvars.inherited(self.base_env, spec)  # srun copies it to every node
         self.allocation = self.base_env.get("SLURM_JOB_ID")
         self.job_name = f"nbddp-{os.path.basename(spec.log_dir)}"
         self.cancelled = False
@@ -73,7 +91,7 @@ class SlurmLaunch(ElasticLaunch):
     def agent_options(self) -> list[str]:
         """torchrun's options in the node script (the step's node count and first node there)."""
         return torchrun_cli.slurm_options(self.spec, '"$SLURM_STEP_NUM_NODES"', '"$head_node:$rdzv_port"',
-                                          '"$SLURM_JOB_ID.$SLURM_STEP_ID"', backend="c10d")
+                                          backend="c10d")
 
     def expected_ranks(self) -> list[tuple[int, int, int]]:
         k = self.spec.nproc_per_node
@@ -83,10 +101,8 @@ class SlurmLaunch(ElasticLaunch):
         log_dir = self.result.log_dir
         self.step_file = os.path.join(log_dir, "slurm-step")
         node_script = os.path.join(log_dir, "slurm-node.sh")
-        with open(node_script, "w") as f:
-            f.write(NODE_SCRIPT.format(step_file=shlex.quote(self.step_file),
-                                       python=shlex.quote(sys.executable), module=torchrun_cli.RUN_MODULE,
-                                       options=" ".join(self.options)))
+        with open(node_script, "w", opener=private) as f:
+            f.write(node_script_text(self.spec, self.step_file, sys.executable, self.options))
         spec = self.spec
         srun = ["srun", f"--nodes={spec.nnodes}", f"--ntasks={spec.nnodes}", "--ntasks-per-node=1",
                 f"--cpus-per-task={spec.nproc_per_node}", "--kill-on-bad-exit=1", f"--job-name={self.job_name}"]
@@ -132,6 +148,9 @@ class SlurmLaunch(ElasticLaunch):
                     res.cause = "never started (srun ended before this rank ran)"
 
     def _agent_failure(self, text: str, rc: int) -> str:
+        said = [line.strip() for line in self.agent_lines if line.startswith(NODE_SCRIPT_SAYS)]
+        if said:  # the node script's own reason to stop (a taken rendezvous port), not srun's echo of it
+            return f"{said[0][len(NODE_SCRIPT_SAYS):]} (srun's log: {self.agent.agent_log})"
         errors = diagnosis.srun_errors(self.agent_lines)
         if not errors:
             return super()._agent_failure(text, rc)
@@ -174,6 +193,18 @@ class SlurmLaunch(ElasticLaunch):
                 return
             time.sleep(0.2)
         self.note(f"Slurm still lists {self.job_name} {CANCEL_WAIT_S:g} s after scancel")
+
+
+def node_script_text(spec: LaunchSpec, step_file: str, python: str, options: list[str]) -> str:
+    """The per-node script of one launch, with a fresh random rendezvous id and (unless the cell
+    names one with --master-port) port."""
+    port = spec.master_port or PORT_RANGE[0] + secrets.randbelow(PORT_RANGE[1] - PORT_RANGE[0])
+    return NODE_SCRIPT.format(step_file=shlex.quote(step_file), python=shlex.quote(python),
+                              module=torchrun_cli.RUN_MODULE, options=" ".join(options), port=port,
+                              rdzv_id=secrets.token_hex(16), port_check=shlex.quote(PORT_CHECK),
+                              hint=shlex.quote(PORT_HINT),
+                              conf_host=torchrun_cli.slurm_rdzv_conf(spec, "true"),
+                              conf_join=torchrun_cli.slurm_rdzv_conf(spec, "false"))
 
 
 def _user() -> str:

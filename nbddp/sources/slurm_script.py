@@ -15,7 +15,7 @@ import re
 import shlex
 import sys
 
-from nbddp.core import torchrun_cli
+from nbddp.core import envvars, torchrun_cli
 from nbddp.core.spec import LaunchSpec
 
 # Our #SBATCH lines and the spellings of the same option, so a raw --sbatch line replaces ours.
@@ -66,30 +66,59 @@ def interpreter_lines(python: str) -> list[str]:
             "fi"]
 
 
+# Run as ``python -c PORT_CHECK PORT HINT`` on the node that hosts the rendezvous store: prints
+# PORT (a free one for 0) if nothing listens there now, else says so in one line and exits 1.
+PORT_CHECK = ('import socket, sys\n'
+              'port = int(sys.argv[1])\n'
+              's = socket.socket()\n'
+              's.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n'
+              'try:\n'
+              '    s.bind(("", port))\n'
+              'except OSError as e:\n'
+              '    sys.exit(f"nbddp: the rendezvous port {port} on {socket.gethostname()} is taken "\n'
+              '             f"({e.strerror}); {sys.argv[2]}")\n'
+              'print(s.getsockname()[1])\n')
+
+# Each srun task's shell: the node named in the endpoint hosts the store (is_host=true), the
+# others only join it; "$0" is the head node's name, the rest is torchrun's command line.
+HOST_SWITCH = ("'if [ \"$SLURMD_NODENAME\" = \"$0\" ]; then is_host=true; else is_host=false; fi\n"
+               "  PET_RDZV_CONF=\"is_host=$is_host$RDZV_CONF_MORE\" exec \"$@\"'")
+
+RANDOM_ID = "$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')"
+
+
 def sbatch_text(spec: LaunchSpec, script: str, line: str = "", python: str | None = None) -> str:
     """The whole ``.sbatch`` file for ``script`` (its path relative to where the job is submitted);
     ``python``: the interpreter the job prefers (default: this process's, the exporting kernel's)."""
     name = os.path.splitext(os.path.basename(script))[0] or "nbddp"
-    port = spec.master_port
+    port = spec.master_port or 0
     out = ["#!/bin/bash",
            f"# Exported by nbddp from the cell `%%ddp {line.strip()}`." if line.strip() else
            "# Exported by nbddp from a %%ddp cell.",
            f"# Submit it from the folder of {os.path.basename(script)}: sbatch {name}.sbatch"]
     out += [f"#SBATCH {option}" for option in sbatch_options(spec, name)]
     out += ["", "set -euo pipefail"] + interpreter_lines(python or sys.executable)
-    out += ["# torchrun's c10d rendezvous runs on the job's first node; the port is taken from the",
-            "# job id so two jobs sharing a node do not collide (set RDZV_PORT to choose it).",
+    out += ["# torchrun's c10d rendezvous: the job's first node (this script runs there) hosts its store",
+            "# (is_host=true: a taken port stops the job rather than joining someone else's store) at a",
+            "# port free there now (RDZV_PORT=... sbatch chooses it), under a random id given in torchrun's",
+            "# environment, which `ps` does not show other users. Nothing squeue shows derives either.",
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            f"rdzv_port=${{RDZV_PORT:-{port}}}" if port is not None else
-            "rdzv_port=${RDZV_PORT:-$((29500 + SLURM_JOB_ID % 10000))}"]
+            f'rdzv_port=$("$PYTHON" -c {shlex.quote(PORT_CHECK)} "${{RDZV_PORT:-{port}}}" \\',
+            "  'choose another with RDZV_PORT=... sbatch, or leave RDZV_PORT unset for a free one')",
+            f"PET_RDZV_ID={RANDOM_ID}",
+            f"RDZV_CONF_MORE={torchrun_cli.conf_tail(spec)}",
+            "export PET_RDZV_ID RDZV_CONF_MORE"]
+    tokens = [key for key in envvars.HUB_TOKENS if key not in dict(spec.env)]
+    out += ["# srun passes this environment to every node; not the JupyterHub token of a hub's terminal",
+            f"unset {' '.join(tokens)}"] if tokens else []
     if spec.env:
-        out += ["", "# the cell's --env values (srun passes the environment to every node)"]
+        out += ["", "# the cell's --env values (srun passes the environment to every node; this file is 0600)"]
         out += [f"export {key}={shlex.quote(value)}" for key, value in spec.env]
     tail = [shlex.quote(os.path.basename(script))] + [shlex.quote(arg) for arg in spec.script_args]
     out += ["", "# one torchrun per node; it starts the node's ranks with torchrun's environment",
             'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
+            f'  bash -c {HOST_SWITCH} "$head_node" \\',
             f'  "$PYTHON" -m {torchrun_cli.module(spec)} \\',
-            "  " + " ".join(torchrun_cli.slurm_options(spec, '"$SLURM_NNODES"', '"$head_node:$rdzv_port"',
-                                                       '"$SLURM_JOB_ID"')) + " \\",
+            "  " + " ".join(torchrun_cli.slurm_options(spec, '"$SLURM_NNODES"', '"$head_node:$rdzv_port"')) + " \\",
             "  " + " ".join(tail), ""]
     return "\n".join(out)
