@@ -7,12 +7,14 @@ block at the end (built by nbddp/core/torchrun_cli.py). Nothing of nbddp is need
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import shlex
 
 from nbddp.core.spec import LaunchSpec, check_cell, check_script_name, parse_line
-from nbddp.core.torchrun_cli import node_commands
+from nbddp.core.errors import DDPUsageError
+from nbddp.core.torchrun_cli import MASK, node_commands
 
 
 def script_text(body: str, spec: LaunchSpec, script: str) -> str:
@@ -86,27 +88,48 @@ def _write(path: str, body: str, line: str, spec: LaunchSpec, out) -> list[str]:
 
     text = script_text(body, spec, path)
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
+    secret = bool(spec.env)  # --env values may be secrets (a token, a password): files 0600, shown masked
+    try:
+        os.makedirs(folder, exist_ok=True)
+        _save(path, text, secret)
+        job = None
+        if spec.slurm:
+            from nbddp.sources.slurm_script import sbatch_text
+
+            job = path[:-3] + ".sbatch"
+            _save(job, sbatch_text(spec, path, line), secret)
+    except OSError as exc:
+        why = ("it is a symbolic link (nbddp writes no file through one)" if exc.errno == errno.ELOOP
+               else exc.strerror or str(exc))
+        raise DDPUsageError(f"%ddp_export: cannot write {exc.filename or path}: {why}") from None
     commands = node_commands(spec, path)
+    shown = node_commands(spec, path, masked=True)
     out = out or sys.stdout
     out.write(f"nbddp: wrote {path}; run it with torchrun:\n")
-    if len(commands) == 1:
-        out.write(f"  {commands[0]}\n")
+    if len(shown) == 1:
+        out.write(f"  {shown[0]}\n")
     else:
-        for node, command in enumerate(commands):
+        for node, command in enumerate(shown):
             out.write(f"  node {node}: {command}\n")
         out.write(_addr_note(spec).replace("#   ", "  ") + "\n")
-    if spec.slurm:
-        from nbddp.sources.slurm_script import sbatch_text
-
-        job = path[:-3] + ".sbatch"
-        with open(job, "w") as f:
-            f.write(sbatch_text(spec, path, line))
+    if secret:
+        out.write(f"  (--env values shown as {MASK}: the command with them is at the end of {path}, "
+                  "which only you can read)\n")
+    if job:
         out.write(f"nbddp: wrote {job}; submit it from {os.path.dirname(job) or '.'}/ with: "
                   f"sbatch {os.path.basename(job)}\n")
     return commands
+
+
+def _save(path: str, text: str, secret: bool) -> None:
+    """Write ``path`` anew: mode 0600 where it holds ``--env`` values (also when an older file of
+    that name was readable by others), never through a symbolic link planted under its name."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600 if secret else 0o666)
+    with open(fd, "w") as f:
+        if secret:
+            os.fchmod(fd, 0o600)
+        f.write(text)
 
 
 def _without_export(line: str) -> str:

@@ -19,7 +19,8 @@ dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)]); dist.all_reduce(t)
 print("rank", os.environ["RANK"], "local", os.environ["LOCAL_RANK"], "world", os.environ["WORLD_SIZE"],
       "sum", t.item(), "omp", os.environ.get("OMP_NUM_THREADS"))
-print("argv", sys.argv[1:], "name", __name__, "greeting", os.environ.get("GREETING"))
+print("argv", sys.argv[1:], "name", __name__, "greeting", os.environ.get("GREETING"),
+      "hub", os.environ.get("JUPYTERHUB_API_TOKEN"))
 print("cwd", os.path.basename(os.getcwd()))
 dist.destroy_process_group()
 """
@@ -29,7 +30,7 @@ dist.destroy_process_group()
 def job(tmp_path_factory):
     """A kernel whose working directory is a fresh folder (where the scripts are written)."""
     folder = tmp_path_factory.mktemp("job")
-    k = Kernel(cwd=str(folder))
+    k = Kernel(cwd=str(folder), env=dict(os.environ, JUPYTERHUB_API_TOKEN="hub-secret"))  # #37.5: not for ranks
     k.ok("%load_ext nbddp")
     yield k, folder
     k.shutdown()
@@ -84,11 +85,12 @@ def test_exported_script_gives_the_cells_output_under_torchrun(job, tmp_path):
     assert "nbddp: wrote job.py; run it with torchrun:" in reply.stdout, reply.text
     in_cell = json.loads(kernel.ok("import json; print(json.dumps([r.stdout for r in _ddp.ranks]))").stdout)
     assert "sum 3.0" in in_cell[0] and "argv ['--lr', '0.5'] name __main__ greeting hi" in in_cell[1], in_cell
-    [command] = printed_commands(reply.stdout)
-    assert command == "GREETING=hi torchrun --nnodes=1 --nproc-per-node=2 --standalone job.py --lr 0.5", command
+    [shown] = printed_commands(reply.stdout)  # --env values masked in the notebook, in the 0600 script
+    assert shown == "GREETING=*** torchrun --nnodes=1 --nproc-per-node=2 --standalone job.py --lr 0.5", shown
+    command = shown.replace("***", "hi")
     script = (folder / "job.py").read_text()
     assert script.startswith("# %%ddp -n 2 --env GREETING=hi -- --lr 0.5\nimport os, sys"), script[:200]
-    assert f"#   {command}" in script
+    assert f"#   {command}" in script and os.stat(folder / "job.py").st_mode & 0o777 == 0o600
     finish(run_command(command, folder, tmp_path / "logs"))
     assert rank_outputs(tmp_path / "logs", 2) == dict(enumerate(in_cell))
 

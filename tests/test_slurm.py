@@ -36,7 +36,8 @@ dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)]); dist.all_reduce(t)
 print("rank", os.environ["RANK"], "local", os.environ["LOCAL_RANK"], "group", os.environ["GROUP_RANK"],
       "world", os.environ["WORLD_SIZE"], "sum", t.item(), "omp", os.environ.get("OMP_NUM_THREADS"))
-print("argv", sys.argv[1:], "name", __name__, "greeting", os.environ.get("GREETING"))
+print("argv", sys.argv[1:], "name", __name__, "greeting", os.environ.get("GREETING"),
+      "hub", os.environ.get("JUPYTERHUB_API_TOKEN"))
 dist.destroy_process_group()
 """
 
@@ -53,7 +54,7 @@ def test_sbatch_text_asks_for_the_cells_shape_and_runs_torchrun_per_node():
                  'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                  "export GREETING='hi there'", 'if [ -z "${PYTHON:-}" ]; then',
                  '--nnodes="$SLURM_NNODES" --nproc-per-node=4 --rdzv-backend=c10d '
-                 '--rdzv-endpoint="$head_node:$rdzv_port" --rdzv-id="$SLURM_JOB_ID"',
+                 '--rdzv-endpoint="$head_node:$rdzv_port"',
                  "  train.py --lr 0.5"):
         assert line in text.splitlines() or f"  {line} \\" in text, (line, text)
     assert "gpus-per-node" not in text  # a gloo cell asks for no GPUs
@@ -65,15 +66,15 @@ def test_sbatch_lines_win_over_ours_and_gpus_are_asked_for_nccl():
                       "--sbatch=--output=logs/%j.txt")
     assert sbatch_options(spec, "job") == ["--job-name=job", "--nodes=1", "--ntasks-per-node=1",
                                            "--gpus-per-node=4", "-c 16", "--qos=high", "--output=logs/%j.txt"]
-    assert "--rdzv-conf=join_timeout=60 --max-restarts=2" in sbatch_text(
-        parse_line("--slurm -n 2 --rdzv-timeout 60 --max-restarts 2 --launcher torchrun"), "a.py")
+    text = sbatch_text(parse_line("--slurm -n 2 --rdzv-timeout 60 --max-restarts 2 --launcher torchrun"), "a.py")
+    assert "RDZV_CONF_MORE=,join_timeout=60" in text.splitlines() and "--max-restarts=2 \\" in text
 
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("kernel_python, given, runs", [
     (sys.executable, None, sys.executable),          # the exporting kernel's interpreter, where it exists
     ("/nowhere/venv/bin/python", None, "python"),    # a path this node lacks: python from PATH
-    (sys.executable, "/opt/env/bin/python", "/opt/env/bin/python"),  # PYTHON= at submission wins
+    (sys.executable, "env/bin/python", "env/bin/python"),  # PYTHON= at submission wins (a link to this one)
 ])
 def test_the_job_runs_the_kernels_interpreter_where_it_exists(tmp_path, kernel_python, given, runs):
     """The job's own shell text runs under bash; ``srun`` and ``scontrol`` are stand-ins that only
@@ -90,11 +91,13 @@ def test_the_job_runs_the_kernels_interpreter_where_it_exists(tmp_path, kernel_p
     env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
     env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", SRUN_ARGS=str(tmp_path / "args"),
                SLURM_JOB_NODELIST="node0", SLURM_JOB_ID="7", SLURM_NNODES="1", SLURM_CPUS_PER_TASK="2")
-    if given:
+    if given:  # the job runs it too, to find a free rendezvous port on its first node
+        (tmp_path / given).parent.mkdir(parents=True)
+        (tmp_path / given).symlink_to(sys.executable)
         env["PYTHON"] = given
     subprocess.run(["bash", "train.sbatch"], cwd=tmp_path, env=env, check=True, timeout=30)
     argv = (tmp_path / "args").read_text().splitlines()
-    assert argv[argv.index("--kill-on-bad-exit=1") + 1:][:3] == [runs, "-m", "torch.distributed.run"], argv
+    assert argv[argv.index("-m") - 1:][:3] == [runs, "-m", "torch.distributed.run"], argv
 
 
 @pytest.mark.parametrize("line, words", [
@@ -136,7 +139,7 @@ def job(tmp_path_factory):
     if not HAVE_SLURM:
         pytest.fail("CI=true but no Slurm answers: scripts/test.sh runs scripts/setup-slurm.sh")
     folder = tmp_path_factory.mktemp("slurmjob")
-    k = Kernel(cwd=str(folder))
+    k = Kernel(cwd=str(folder), env=dict(os.environ, JUPYTERHUB_API_TOKEN="hub-secret"))  # #37.5: not for ranks
     k.ok("%load_ext nbddp")
     yield k, folder
     k.shutdown()
@@ -156,7 +159,7 @@ def submit(folder, name: str, log_dir) -> subprocess.Popen:
     """``sbatch --wait`` as a user submits it, without PYTHON (the job finds the kernel's
     interpreter itself); PET_* only sends each rank's output to its own file."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
-    env.update(PET_LOG_DIR=str(log_dir), PET_REDIRECTS="3")
+    env.update(PET_LOG_DIR=str(log_dir), PET_REDIRECTS="3", JUPYTERHUB_API_TOKEN="hub-secret")  # unset by the job
     return subprocess.Popen(["sbatch", "--wait", f"{name}.sbatch"], cwd=folder, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -293,3 +296,20 @@ def test_inside_an_allocation_the_cell_is_a_step_of_it(tmp_path):
     finally:
         k.shutdown()
         subprocess.run(["scancel", job_id])
+
+
+@pytest.mark.kernel
+@needs_slurm
+def test_a_taken_rendezvous_port_stops_the_slurm_cell_in_one_line(job):
+    """#37.1: the step's first node hosts the store; a port someone holds there is said, not joined."""
+    kernel, _ = job
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        reply = kernel.execute(f"%%ddp --launcher slurm -n 1 --master-port {port}\nprint('the cell ran')\n", timeout=120)
+    text = raised(reply, "DDPError")
+    assert f"the rendezvous port {port} on " in text and "is taken (Address already in use)" in text, text
+    assert "the cell ran" not in reply.stdout
+    assert not jobs_after_end()

@@ -33,6 +33,19 @@ LAUNCHER_OWNED = {
 }
 
 
+# The JupyterHub server's API token (JPY_API_TOKEN: its older name), inherited by every kernel:
+# it acts as the user towards the hub. Ranks (and srun, which copies the environment to every
+# node) do not get it unless the cell names it with --env.
+HUB_TOKENS = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN")
+
+
+def inherited(base: dict[str, str], spec: LaunchSpec) -> dict[str, str]:
+    """What a launch's processes inherit of ``base``: all of it but the hub's tokens, unless
+    ``--env`` gives one explicitly."""
+    asked = {key for key, _ in spec.env}
+    return {k: v for k, v in base.items() if k not in HUB_TOKENS or k in asked}
+
+
 def launcher_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str,
                  error_file: str, base_env: dict[str, str] | None = None) -> dict[str, str]:
     """The variables torchrun's elastic agent adds for ``rank`` (without the inherited ones)."""
@@ -64,9 +77,9 @@ def launcher_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str,
 
 def rank_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str, error_file: str,
              base_env: dict[str, str] | None = None, device_count: int | None = None) -> dict[str, str]:
-    """The whole environment of one rank: inherited, plus torchrun's, plus the user's ``--env``.
-    nbddp adds no variable of its own, so the key set is exactly torchrun's."""
-    base = dict(os.environ if base_env is None else base_env)
+    """The whole environment of one rank: inherited (without the hub's token), plus torchrun's,
+    plus the user's ``--env``. nbddp adds no variable of its own, so the key set is torchrun's."""
+    base = inherited(os.environ if base_env is None else base_env, spec)
     env = dict(base)
     env.update(launcher_env(spec, rank, master_port=master_port, run_id=run_id,
                             error_file=error_file, base_env=base))
