@@ -73,3 +73,41 @@ def test_a_torchrun_rank_reports_the_exit_status_its_process_ends_with(tmp_path)
         seen[code] = (plain.returncode, rank.returncode, reported, exit_status(eval(code)))
     assert all(len(set(v)) == 1 for v in seen.values()), seen
     assert seen["-9"][0] == 247 and seen["256"][0] == 0, seen
+
+
+# --------------------------------------------------- the exit grace is not the idle warning (#37.12)
+import time  # noqa: E402
+
+import nbddp  # noqa: E402
+
+CHECKPOINT_AT_EXIT = """
+import atexit, os, time
+def final_checkpoint():
+    time.sleep({seconds})
+    open(os.path.join({folder!r}, "rank" + os.environ["RANK"]), "w").write("saved")
+if os.environ["RANK"] == "1":
+    atexit.register(final_checkpoint)
+print("cell done")
+"""
+
+
+def test_a_short_idle_warning_does_not_cut_a_ranks_exit_short(tmp_path):
+    """--idle-warning 1 while rank 1's atexit handler takes 3 s (a final checkpoint): the handler
+    runs to its end and the rank is ok (the idle warning also set the kill-at-exit limit: the
+    rank was SIGKILLed at 1 s, its checkpoint never written, and reported ok)."""
+    result = nbddp.run(CHECKPOINT_AT_EXIT.format(seconds=3, folder=str(tmp_path)), n=2, idle_warning=1,
+                       timeout=60, sinks=[], check=False)
+    assert [r.state for r in result.ranks] == ["ok", "ok"], result.summary()
+    assert (tmp_path / "rank1").read_text() == "saved", result.notes
+
+
+def test_a_rank_killed_at_the_end_of_its_exit_grace_is_not_reported_ok(tmp_path):
+    """--exit-grace 1 while rank 1's atexit handler would take 30 s: nbddp kills it after about
+    1 s and reports it killed (with why), not ok; rank 0 stays ok."""
+    t0 = time.monotonic()
+    result = nbddp.run(CHECKPOINT_AT_EXIT.format(seconds=30, folder=str(tmp_path)), n=2, exit_grace=1,
+                       timeout=60, sinks=[], check=False)
+    assert time.monotonic() - t0 < 20
+    assert [r.state for r in result.ranks] == ["ok", "killed"], result.summary()
+    assert result.ranks[1].exitcode == -9 and "--exit-grace" in result.ranks[1].cause, result.ranks[1].cause
+    assert not result.ok and not (tmp_path / "rank1").exists()

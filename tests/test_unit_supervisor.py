@@ -382,3 +382,43 @@ def test_a_sink_that_raises_ends_the_launch_and_its_error_is_raised():
         run(source, [Broken()])
     assert source.names()[-2:] == ["kill_now", "close"] and not source.alive
     assert source not in supervisor.live()
+
+
+# ------------------------------------------------------- the exit grace (#37.12)
+class ExitingRanks(FakeRanks):
+    """Fake ranks that write down the limit the supervisor gives ``end_lingering``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.limits: list[float] = []
+
+    def end_lingering(self, limit: float) -> None:
+        self.limits.append(limit)
+
+
+def test_a_rank_in_its_exit_gets_the_exit_grace_not_the_idle_warning():
+    """--idle-warning 1 also was the time a rank whose cell ended had to exit (its atexit
+    handlers, a final checkpoint): the exit grace is its own setting, 300 s unless given."""
+    source = ExitingRanks(plan={3: lambda s: s.exit(0, 0), 4: lambda s: s.exit(1, 0)})
+    run(source, idle_warning=1.0)
+    assert source.limits and set(source.limits) == {300.0}, source.limits
+    source = ExitingRanks(plan={3: lambda s: s.exit(0, 0), 4: lambda s: s.exit(1, 0)})
+    run(source, idle_warning=1.0, exit_grace=7.5)
+    assert set(source.limits) == {7.5}, source.limits
+
+
+def test_a_rank_killed_in_its_exit_is_not_ok():
+    """The rule the sources apply (nbddp/core/exitstates.py): a rank whose cell ended well and
+    that nbddp killed outside any stop (the exit grace ran out) is killed, with why."""
+    from nbddp.core.exitstates import settle
+
+    res = RankResult(rank=1, local_rank=1, node_rank=0)
+    res.exitcode = 0  # the cell's own code (forkranks keeps it)
+    settle(res, None, {signal.SIGKILL})
+    assert (res.state, res.exitcode) == (KILLED, -9) and "--exit-grace" in res.cause, res.cause
+    res.exitcode = 0
+    settle(res, None, set())
+    assert res.state == OK
+    res.exitcode = 1  # a cell that failed by itself keeps its own failure
+    settle(res, None, {signal.SIGKILL})
+    assert res.state == FAILED

@@ -57,12 +57,23 @@ def settle(res, stop, sent) -> None:
     code = res.exitcode
     if ended_by_the_stop(stop, ended_by_nbddp(code, res.exception, sent), res.exception):
         stopped_state(res, stop)
+    elif killed_in_its_exit(code, stop, sent):
+        res.state, res.exitcode = RankState.KILLED, -signal.SIGKILL
+        res.cause = ("killed by nbddp: its cell ended well, but its process was still exiting (atexit "
+                     "handlers, non-daemon threads such as a final checkpoint) when --exit-grace ran out")
     elif code == 0:
         res.state, res.cause = RankState.OK, ""
     elif code is not None and code < 0:
         res.state, res.cause = RankState.KILLED, diagnosis.describe_signal(-code)
     else:
         res.state, res.cause = RankState.FAILED, diagnosis.describe_failure(res.exception, code)
+
+
+def killed_in_its_exit(code: int | None, stop, sent) -> bool:
+    """A rank whose cell ended well (its code, 0, is the cell's: nbddp/sources/forkranks.py) and
+    that nbddp then SIGKILLed outside any stop: its exit (atexit handlers, non-daemon threads)
+    outlasted the exit grace (nbddp/sources/supervisor.py). Not ok: that work was cut short."""
+    return code == 0 and stop is None and set(sent) == {signal.SIGKILL}
 
 
 def stopped_state(res, stop) -> None:

@@ -66,6 +66,7 @@ class LaunchSpec:
     sbatch: tuple[str, ...] = ()
     pdb: bool = False                 # a failing rank opens the debugger in the notebook (post-mortem)
     max_ranks: int | None = None      # past the machine's bound (nbddp/core/capacity.py), explicitly
+    exit_grace: float = 300.0         # s a rank whose cell finished may take to exit (nbddp/sources/supervisor.py)
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -235,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds before a still-running launch is stopped and its stacks shown")
     p.add_argument("--idle-warning", dest="idle_warning", type=_seconds_or_off("--idle-warning"),
                    default=30.0, help="warn when no rank printed anything for this many seconds (0: never)")
+    p.add_argument("--exit-grace", dest="exit_grace", type=_seconds("--exit-grace"), default=300.0,
+                   metavar="SECONDS", help="seconds a rank whose cell has finished may take to exit (atexit "
+                                           "handlers, non-daemon threads such as a final checkpoint) before nbddp "
+                                           "kills it and reports it killed (default 300)")
     p.add_argument("--env", action="append", type=_env_pair, default=[], metavar="KEY=VALUE",
                    help="extra environment variable for every rank (repeatable)")
     p.add_argument("--legacy-launch", dest="legacy_launch", nargs="?", const="dash",
@@ -307,7 +312,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
         ns.nproc_per_node, ns.nnodes = shape.nproc_per_node, shape.nnodes  # the pool's shape
     return make_spec(n=ns.n, nproc_per_node=ns.nproc_per_node, nnodes=ns.nnodes, node_rank=ns.node_rank,
                      master_addr=ns.master_addr, master_port=ns.master_port, backend=ns.backend,
-                     timeout=ns.timeout, idle_warning=ns.idle_warning, env=dict(ns.env),
+                     timeout=ns.timeout, idle_warning=ns.idle_warning, exit_grace=ns.exit_grace, env=dict(ns.env),
                      legacy_launch=ns.legacy_launch, start_method=ns.start_method,
                      ranks_shown=ns.ranks_shown, output=ns.output, same_lines=ns.same_lines, log_dir=ns.log_dir,
                      script_args=script_args, launcher=ns.launcher, rdzv_endpoint=ns.rdzv_endpoint,
@@ -455,6 +460,7 @@ _TYPES = {  # what each LaunchSpec field takes, as the Python API may be given a
     "gpus": (lambda v: v is None or _ints(v), "device numbers"), "export": _OPT_STR, "slurm": _BOOL,
     "partition": _OPT_STR, "account": _OPT_STR, "time_limit": _OPT_STR,
     "sbatch": (_texts, "#SBATCH options"), "pdb": _BOOL, "max_ranks": _OPT_INT,
+    "exit_grace": (_is_seconds, "a number of seconds"),
 }
 assert set(_TYPES) == set(LaunchSpec.__dataclass_fields__) - {"extra"}
 MAX_SECONDS = 365 * 24 * 3600.0  # any longer is a typo (and past what some waits accept)
@@ -475,7 +481,7 @@ def _check_types(spec: LaunchSpec) -> None:
             except UnicodeError:
                 raise DDPUsageError(f"%%ddp: {_flag(name)} is not valid text (a lone surrogate), "
                                     f"got {_shown(text)}") from None
-    for name in ("timeout", "idle_warning", "rdzv_timeout"):
+    for name in ("timeout", "idle_warning", "rdzv_timeout", "exit_grace"):
         value = getattr(spec, name)
         if value is None:
             continue

@@ -36,7 +36,6 @@ TERM_GRACE_S = 2.0       # fail-fast and timeout: SIGTERM, then SIGKILL after th
 INTERRUPT_GRACE_S = 1.0  # interrupt: SIGINT, then SIGTERM after this for ranks not in a handler,
 KILL_AFTER_S = 1.5       # and SIGKILL at this: the stop button ends every rank within 2 s,
 HANDLER_LIMIT_S = 30.0   # except ranks running the cell's except/finally (torchrun waits 30 s)
-LINGER_S = 30.0          # a rank whose cell finished but whose process does not exit is ended
 TICK_S = 0.1             # how often the clock runs (and views flush)
 
 _live_lock = threading.Lock()
@@ -268,7 +267,9 @@ class Supervisor:
             return
         self.clock_at = now
         spec = self.spec
-        self.source.end_lingering(spec.idle_warning or LINGER_S)  # at the latest at the idle warning
+        # a rank whose cell finished gets --exit-grace to exit (atexit handlers, a final checkpoint in
+        # a non-daemon thread), whatever --idle-warning says (the warning shows where it waits)
+        self.source.end_lingering(spec.exit_grace)
         why = self.source.failure()
         if why:
             self._stop(StopReason.FAILFAST, why)
