@@ -405,3 +405,12 @@ def test_a_log_dir_the_user_cannot_write_is_refused_before_anything_starts():
         f"%%ddp: --log-dir {root} is not writable by this user",
         f"%%ddp: --log-dir {root}/new/logs cannot be made: {root} is not writable by this user",
     ], said
+
+
+def test_a_pool_started_past_the_bound_runs_its_cells():
+    from nbddp.core import capacity
+
+    many = min(capacity.limits(capacity.machine()))[0] + 1
+    pool = rules.parse_pool_line(f"start -n {many} --max-ranks {many}", running=False, exists=False).spec
+    assert rules.choose_source(parse_line("--timeout 5", shape=pool), pool=pool) == "pool"
+    assert rules.given_or_made(None, None, {"timeout": 5}, shape=pool).world_size == many

@@ -310,6 +310,8 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
         return None
     if shape is not None and ns.n is None and ns.nproc_per_node is None and ns.nnodes == 1:
         ns.nproc_per_node, ns.nnodes = shape.nproc_per_node, shape.nnodes  # the pool's shape
+    if shape is not None and ns.max_ranks is None:
+        ns.max_ranks = shape.max_ranks  # a pool started past the machine's bound runs its cells
     return make_spec(n=ns.n, nproc_per_node=ns.nproc_per_node, nnodes=ns.nnodes, node_rank=ns.node_rank,
                      master_addr=ns.master_addr, master_port=ns.master_port, backend=ns.backend,
                      timeout=ns.timeout, idle_warning=ns.idle_warning, exit_grace=ns.exit_grace, env=dict(ns.env),
@@ -410,6 +412,8 @@ def given_or_made(spec: LaunchSpec | None, n: int | None = None, options: dict |
         return _expanded(spec)
     if shape is not None and n is None and not {"nproc_per_node", "nnodes"} & set(options):
         options.update(nproc_per_node=shape.nproc_per_node, nnodes=shape.nnodes)
+    if shape is not None and options.get("max_ranks") is None and shape.max_ranks is not None:
+        options["max_ranks"] = shape.max_ranks
     return make_spec(n=n, **options)
 
 
