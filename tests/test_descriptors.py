@@ -40,3 +40,43 @@ def test_300_cells_of_8_ranks_fit_in_256_descriptors(tmp_path):
         assert max(counts[-30:]) <= max(counts[:30]) + 8, (counts[:30], counts[-30:])
     finally:
         k.shutdown()
+
+
+FORTY = """import json, os, resource, nbddp
+said, counts = [], []
+for i in range(3):
+    try:
+        nbddp.run("pass", n=40, sinks=[])
+        said.append("ran")
+    except Exception as exc:
+        said.append(f"{type(exc).__name__}: {exc}")
+    counts.append(len(os.listdir("/proc/self/fd")))
+print(json.dumps([said, counts, resource.getrlimit(resource.RLIMIT_NOFILE)]))
+"""
+
+
+def test_ranks_beyond_the_descriptor_limit_are_refused_saying_what_they_need(tmp_path):
+    """Issue #37 point 8: under a 256 soft limit -n 40 failed with a raw "Too many open files"
+    three times while the kernel's descriptors grew 11 → 165 → 213 → 233. Now the soft limit
+    is raised to the hard one where it can be (and -n 40 runs); where the hard limit is 256
+    too, the launch is refused before anything starts, in one line with the number it needs,
+    and the kernel holds no more descriptors after than before."""
+    k = Kernel(cwd=str(tmp_path)).load_nbddp()
+    try:
+        # a hard limit above the soft one: raised, as launchers do, and the ranks run
+        resource.prlimit(k.pid, resource.RLIMIT_NOFILE, (LIMIT, 4096))
+        said, counts, limits = json.loads(k.ok(FORTY, timeout=300).stdout.strip().splitlines()[-1])
+        assert said == ["ran"] * 3 and limits == [4096, 4096], (said, limits)
+        # a hard limit of 256 as well (lowering it needs no privilege)
+        resource.prlimit(k.pid, resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+        k.ok("import nbddp.forkserver.spares as s; s.clear()")  # the 8 spares forked at 4096
+        before = int(k.ok("import os; print(len(os.listdir('/proc/self/fd')))").stdout)
+        said, counts, _ = json.loads(k.ok(FORTY, timeout=300).stdout.strip().splitlines()[-1])
+        assert all(s.startswith("DDPUsageError: 40 ranks need about ") and "limit of 256" in s
+                   and "ulimit -n" in s for s in said), said
+        assert max(counts) <= before + 2, (before, counts)
+        reply = k.execute("%%ddp -n 40\nprint('ran')")
+        assert reply.status == "error" and "UsageError: 40 ranks need about " in reply.stderr, reply.text
+        assert "ran" not in reply.stdout and "Traceback" not in reply.text
+    finally:
+        k.shutdown()

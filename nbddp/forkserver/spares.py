@@ -45,11 +45,21 @@ class Plumbing:
     """One rank's pipes (launcher's ends kept here) and its process, started or not."""
 
     def __init__(self, ctx, duplex: bool, spare: bool = False):
-        self.out_r, out_w = os.pipe()
-        self.err_r, err_w = os.pipe()
-        life_r, self.life_w = os.pipe()
-        self.ctl, ctl_w = ctx.Pipe(duplex=duplex)
-        job_r, self.job_w = ctx.Pipe(duplex=False)
+        opened: list = []  # descriptors and Connections, closed again if one cannot be made
+        try:  # out of descriptors half-way: what was opened is closed, nothing leaks
+            self.out_r, out_w = _pipe(opened)
+            self.err_r, err_w = _pipe(opened)
+            life_r, self.life_w = _pipe(opened)
+            self.ctl, ctl_w = ctx.Pipe(duplex=duplex)
+            opened += [self.ctl, ctl_w]
+            job_r, self.job_w = ctx.Pipe(duplex=False)
+        except BaseException:
+            for end in opened:
+                try:
+                    end.close() if isinstance(end, Connection) else os.close(end)
+                except OSError:
+                    pass
+            raise
         self._child_ends = [Connection(out_w, readable=False), Connection(err_w, readable=False),
                             Connection(life_r, writable=False), ctl_w, job_r]
         pipes = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends))
@@ -87,6 +97,12 @@ class Plumbing:
                 pass
         for conn in (self.ctl, self.job_w):
             conn.close()
+
+
+def _pipe(opened: list) -> tuple[int, int]:
+    r, w = os.pipe()
+    opened += [r, w]
+    return r, w
 
 
 def usable(spec, pool_mode: bool) -> bool:
@@ -145,7 +161,14 @@ def refill(n: int) -> None:
             if missing <= 0:
                 return
             _progress_at = time.monotonic()
-            made = [Plumbing(ctx, duplex=True, spare=True) for _ in range(missing)]
+            made = []
+            try:
+                for _ in range(missing):
+                    made.append(Plumbing(ctx, duplex=True, spare=True))
+            except OSError:  # out of descriptors: fewer spares, none leaked
+                for p in made:
+                    p.discard()
+                return
             try:
                 starter.start_all([p.process for p in made], limit=starter.answer_limit())
             finally:

@@ -12,6 +12,7 @@ from nbddp.core.cellnames import log_label
 from nbddp.core.job import Cell
 from nbddp.core.rankfiles import RankFiles
 from nbddp.kernel.logdirs import private
+from nbddp.sources import descriptors
 from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rankjobs import rank_jobs
 from nbddp.sources.rendezvous import host_for
@@ -39,6 +40,8 @@ class ForkRanks(Source):
     # ---------------------------------------------------------------- startup
     def _start(self) -> None:
         spec, log_dir = self.spec, self.log_dir
+        self.use_spares = spares.usable(spec, pool_mode=False)
+        descriptors.fit(spec.world_size, len(spares.pids()) if self.use_spares else 0)  # before any line
         with open(self.log_copy, "w", opener=private) as f:
             f.write(self.source_text if self.source_text is not None else
                     f"# nbddp ran the function {self.func['name']}\n")
@@ -62,7 +65,6 @@ class ForkRanks(Source):
         for res, job in zip(self.result.ranks, jobs):
             res.stdout_path, res.stderr_path = files.stdout(res.rank), files.stderr(res.rank)
             ranks.append(Rank(res, job.stack_path, job.sigint_path))
-        self.use_spares = spares.usable(spec, pool_mode=False)
         restarted = self.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=self.use_spares)
         if restarted:
             self.note(restarted)

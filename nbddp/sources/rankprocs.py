@@ -15,7 +15,8 @@ import time
 from nbddp.sources import exitstatus
 from nbddp.forkserver import spares
 from nbddp.forkserver import starter
-from nbddp.kernel.logdirs import private
+from nbddp.sources import descriptors
+from nbddp.sources import ranklogs
 from nbddp.core import messages as msg
 from nbddp.core.job import RankJob
 from nbddp.core.result import RUNNING, RankResult
@@ -35,7 +36,8 @@ class Rank:
         self.fds: dict[int, str] = {}
         self.ctl = None
         self.lifeline_w: int | None = None
-        self.logs: dict[str, object] = {}
+        self.logs: dict[str, ranklogs.RankLog] = {}
+        self.budget: ranklogs.LogBudget | None = None  # the launch's caps on its logs
         self.started = False  # said msg.STARTED: setsid done, user code may run
         self.alive = False
         self.ended = False    # reported the end of its user code (exception / exit / done)
@@ -48,10 +50,14 @@ class Rank:
         self.stop = None      # (reason, why) once nbddp signalled it
         self.sent: set[int] = set()
 
-    def open_logs(self) -> None:
+    def open_logs(self, budget: ranklogs.LogBudget | None = None) -> None:
+        """This launch's (or pool cell's) log files, made empty now and held open only once the
+        rank writes (nbddp/sources/ranklogs.py: bounded, a failed write ends only the log)."""
         self.close_logs()
-        self.logs = {"stdout": open(self.result.stdout_path, "wb", opener=private),
-                     "stderr": open(self.result.stderr_path, "wb", opener=private)}
+        self.budget = budget or self.budget or ranklogs.LogBudget(lambda text: None)
+        name = f"rank {self.result.rank}"
+        self.logs = {"stdout": ranklogs.RankLog(self.result.stdout_path, self.budget, name),
+                     "stderr": ranklogs.RankLog(self.result.stderr_path, self.budget, name)}
 
     def close_logs(self) -> None:
         for log in self.logs.values():
@@ -75,6 +81,7 @@ class RankProcs:
         self.on_message = on_message or (lambda rank, message: None)
         self.emit = emit or (lambda *args: None)
         self.asked: list[tuple] = []  # (rank number, ask id, prompt, purpose) not taken yet
+        self.budget = ranklogs.LogBudget(lambda text: self.emit("note", text))
 
     # ---------------------------------------------------------------- startup
     def start(self, ranks: list[Rank], jobs: list[RankJob], start_method: str, duplex: bool,
@@ -84,14 +91,23 @@ class RankProcs:
         line to show if the forkserver had died and a new one was started."""
         ctx = starter.context(start_method)
         restarted = starter.ensure_forkserver() if start_method == "forkserver" else None
-        self.ranks.extend(ranks)
         ready = spares.take(len(ranks)) if use_spares else []
         made = []
-        for i, rank in enumerate(ranks):
-            rank.open_logs()
-            plumbing = ready[i] if i < len(ready) else spares.Plumbing(ctx, duplex=duplex)
+        try:
+            descriptors.fit(len(ranks), len(ready))  # refused, saying what it needs, before any starts
+            for i, rank in enumerate(ranks):
+                rank.open_logs(self.budget)
+                plumbing = ready[i] if i < len(ready) else spares.Plumbing(ctx, duplex=duplex)
+                made.append(plumbing)
+        except BaseException:  # out of descriptors half-way (or interrupted): nothing started yet
+            for plumbing in ready + made[len(ready):]:
+                plumbing.discard()
+            for rank in ranks:
+                rank.close_logs()
+            raise
+        self.ranks.extend(ranks)
+        for rank, plumbing in zip(ranks, made):
             rank.process, rank.ctl, rank.lifeline_w = plumbing.process, plumbing.ctl, plumbing.life_w
-            made.append(plumbing)
         for rank, plumbing, job in zip(ranks[:len(ready)], made, jobs):  # spares begin now
             plumbing.send_job(job)
             self._watch(rank, plumbing)

@@ -16,9 +16,10 @@ import subprocess
 import time
 
 from nbddp.core.rankfiles import RankFiles
-from nbddp.kernel.logdirs import private
+from nbddp.sources import ranklogs
 
 DRAIN_LIMIT_S = 3.0
+MAX_AGENT_LINES = 10000  # torchrun's own lines kept in the kernel for the diagnosis
 EXIT_WAIT_S = 5.0
 PREFIX_TEMPLATE = "[rank${rank}]:"  # torchrun's line prefix (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)
 _PREFIX = re.compile(rb"^\[rank(\d+)\]:")  # ... as it reads back
@@ -38,12 +39,14 @@ class AgentProcess:
     """One agent process and its output. ``on_output(rank, stream, payload)`` is called for each
     line a rank wrote, after it was appended to ``rank{N}.{stream}`` in ``log_dir``."""
 
-    def __init__(self, log_dir: str, on_output):
+    def __init__(self, log_dir: str, on_output, note=None):
         self.log_dir = log_dir
         self.on_output = on_output
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []  # torchrun's own words (also in agent.log)
-        self.logs: dict[tuple[int, str], object] = {}
+        self.budget = ranklogs.LogBudget(note or (lambda text: None))  # the logs' caps (nbddp/sources/ranklogs.py)
+        self.logs: dict[tuple[int, str], ranklogs.RankLog] = {}
+        self._agent_log: ranklogs.RankLog | None = None
         self.buffers = {"stdout": b"", "stderr": b""}
         self._selector = None
         self._streams: dict[int, str] = {}
@@ -104,15 +107,19 @@ class AgentProcess:
         if match is None:  # torchrun's own words: kept in agent.log, summarised at the end
             text = line.decode("utf-8", errors="replace")
             self.lines.append(text)
-            with open(self.agent_log, "a", opener=private) as f:
-                f.write(text)
+            if len(self.lines) > MAX_AGENT_LINES:  # bounded: its first lines and its last (the summary)
+                del self.lines[MAX_AGENT_LINES // 10:MAX_AGENT_LINES // 2]
+            if self._agent_log is None:
+                self._agent_log = ranklogs.RankLog(self.agent_log, self.budget, "torchrun")
+            self._agent_log.write(line)
+            self._agent_log.flush()
             return
         rank = int(match.group(1))
         payload = line[match.end():]
         log = self.logs.get((rank, stream))
         if log is None:
-            log = self.logs[(rank, stream)] = open(RankFiles(self.log_dir).log(rank, stream), "ab",
-                                                     opener=private)
+            log = self.logs[(rank, stream)] = ranklogs.RankLog(RankFiles(self.log_dir).log(rank, stream),
+                                                               self.budget, f"rank {rank}")
         log.write(payload)
         log.flush()
         self.on_output(rank, stream, payload)
@@ -139,8 +146,9 @@ class AgentProcess:
             pipe.close()
 
     def close_logs(self) -> None:
-        for log in self.logs.values():
-            log.close()
+        for log in list(self.logs.values()) + [self._agent_log]:
+            if log is not None:
+                log.close()
 
 
 def killpg(pid: int, sig: int) -> None:

@@ -1,0 +1,154 @@
+"""The per-rank log files as the kernel writes them: bounded, and never the reason a job dies.
+
+A runaway print loop (or ``NCCL_DEBUG=INFO``) writes without end, and ``/tmp`` is RAM-backed on
+several distributions, shared by every user of the machine. So each log file keeps at most
+``NBDDP_LOG_RANK_MB`` (default 100) and a launch's logs together at most ``NBDDP_LOG_TOTAL_MB``
+(default 1000), as a notebook server caps a cell's output: past a cap a log keeps its head, then
+one line saying how much was cut and why, then its last 64 KB (kept in memory, written when the
+log closes: the traceback at the end is what the diagnosis reads). The views still show the
+output live; only the file is bounded.
+
+A write that fails (``ENOSPC``, a quota, an I/O error) stops that log and nothing else: the
+ranks keep running, and the launch says so once, in one line. Files are opened lazily, on a
+rank's first byte on that stream (made empty at the start, so a quiet rank holds no log
+descriptor), through
+nbddp/kernel/logdirs.py's ``private`` (0600, never through a link).
+"""
+from __future__ import annotations
+
+import os
+
+from nbddp.kernel.logdirs import private
+
+RANK_MB_VAR = "NBDDP_LOG_RANK_MB"
+TOTAL_MB_VAR = "NBDDP_LOG_TOTAL_MB"
+RANK_MB = 100
+TOTAL_MB = 1000
+TAIL = 1 << 16  # kept past a cap: the diagnosis reads a stderr's last 64 KB
+
+
+def _mb(var: str, default: float) -> int:
+    try:
+        value = float(os.environ.get(var, default))
+    except ValueError:
+        value = default
+    return max(0, int(value * (1 << 20)))
+
+
+class LogBudget:
+    """The caps of one launch's logs and what was said about them: ``note(text)`` gets at most
+    one line about a cut and one about a failed write, per launch (per log folder: a pool's
+    cells are launches)."""
+
+    def __init__(self, note):
+        self.note = note
+        self.per_log = _mb(RANK_MB_VAR, RANK_MB)
+        self.total = _mb(TOTAL_MB_VAR, TOTAL_MB)
+        self.used: dict[str, int] = {}   # log folder → bytes written there
+        self.said: set[tuple[str, str]] = set()
+
+    def grant(self, folder: str, want: int, written: int) -> tuple[int, str]:
+        """How many of ``want`` bytes a log that holds ``written`` may still write, and which cap
+        stops the rest ("" if none)."""
+        room = self.per_log - written
+        total_room = self.total - self.used.get(folder, 0)
+        if want <= min(room, total_room):
+            return want, ""
+        if room <= total_room:
+            return max(0, room), f"{RANK_MB_VAR}={self.per_log / (1 << 20):g} MB a log"
+        return max(0, total_room), f"{TOTAL_MB_VAR}={self.total / (1 << 20):g} MB for a launch's logs"
+
+    def spent(self, folder: str, n: int) -> None:
+        self.used[folder] = self.used.get(folder, 0) + n
+
+    def once(self, folder: str, what: str, text: str) -> None:
+        if (folder, what) not in self.said:
+            self.said.add((folder, what))
+            self.note(text)
+
+
+class RankLog:
+    """One log file (``rank3.stdout``): ``write``, ``flush``, ``close``, as a file, but bounded
+    and never raising."""
+
+    def __init__(self, path: str, budget: LogBudget, name: str):
+        self.path, self.budget, self.name = path, budget, name
+        self.folder = os.path.dirname(path)
+        self.file = None
+        self.written = 0
+        self.cut = 0              # bytes not written (past a cap)
+        self.why = ""             # the cap that cut it
+        self.tail = bytearray()   # the last TAIL bytes cut, written at close
+        self.broken = False       # a write failed: nothing more is written
+        try:  # made anew and empty now (an earlier launch's in a reused --log-dir goes), held later
+            open(path, "wb", opener=private).close()
+        except OSError as exc:
+            self._fail(exc)
+
+    def write(self, data: bytes) -> None:
+        if self.broken or not data:
+            return
+        n, why = self.budget.grant(self.folder, len(data), self.written)
+        if n and not self._put(data[:n]):
+            return
+        if n < len(data):
+            if not self.cut:
+                self.why = why
+                self.budget.once(self.folder, "cut", f"{self.name}'s log reached its cap ({why}): the rest "
+                                 "of it is not kept in the log folder, but its last 64 KB (the output "
+                                 "shown here is whole)")
+            self.cut += len(data) - n
+            self.tail += data[n:]
+            del self.tail[:-TAIL]
+
+    def _put(self, data: bytes) -> bool:
+        try:
+            if self.file is None:
+                self.file = open(self.path, "ab", opener=private)
+            self.file.write(data)
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
+            return False
+        self.written += len(data)
+        self.budget.spent(self.folder, len(data))
+        return True
+
+    def _fail(self, exc: BaseException) -> None:
+        self.broken = True
+        why = getattr(exc, "strerror", None) or str(exc)
+        self.budget.once(self.folder, "failed", f"could not write {self.name}'s log in {self.folder} ({why}): "
+                         "the ranks keep running and their output is shown, but their logs there "
+                         "are not whole")
+        try:
+            if self.file is not None:
+                self.file.close()
+        except OSError:
+            pass
+        self.file = None
+
+    def flush(self) -> None:
+        if self.file is not None and not self.broken:
+            try:
+                self.file.flush()
+            except OSError as exc:
+                self._fail(exc)
+
+    def close(self) -> None:
+        """Close the file; a log that was cut ends with what was cut and its last 64 KB."""
+        if self.cut and not self.broken:
+            dropped = self.cut - len(self.tail)
+            marker = (f"\n[nbddp: {dropped} bytes of this log were cut here ({self.why}); "
+                      f"its last {len(self.tail)} bytes follow]\n").encode()
+            try:
+                if self.file is None:
+                    self.file = open(self.path, "ab", opener=private)
+                self.file.write(marker + bytes(self.tail))
+            except (OSError, ValueError) as exc:
+                self._fail(exc)
+        self.cut, self.tail = 0, bytearray()
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError as exc:
+                self._fail(exc)
+            self.file = None

@@ -1,0 +1,76 @@
+"""Rank logs are bounded and never end a job (issue #37 point 10): a runaway print loop keeps
+the head of its log, one line saying what was cut, and the last 64 KB (what the diagnosis
+reads); a full disk (ENOSPC on a real, tiny tmpfs) leaves the ranks running, their output
+shown, and says so once, in one line."""
+import os
+import subprocess
+
+import pytest
+
+from nbddp.sources import ranklogs
+
+LOUD = """import sys
+for i in range(40000):
+    print(f"line {i:06d} " + "x" * 40)
+print("the end", flush=True)
+print("RuntimeError: the last words", file=sys.stderr)
+"""
+
+
+# ------------------------------------------------------------------ pure: the caps
+def test_a_launch_cap_cuts_every_log_past_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(ranklogs.RANK_MB_VAR, "1")
+    monkeypatch.setenv(ranklogs.TOTAL_MB_VAR, "0.5")
+    said = []
+    budget = ranklogs.LogBudget(said.append)
+    logs = [ranklogs.RankLog(str(tmp_path / f"rank{r}.stdout"), budget, f"rank {r}") for r in range(2)]
+    for _ in range(100):
+        for log in logs:
+            log.write(b"y" * 4000)
+    for log in logs:
+        log.write(b"\nlast line\n")
+        log.close()
+    sizes = [os.path.getsize(tmp_path / f"rank{r}.stdout") for r in range(2)]
+    assert sum(sizes) <= (1 << 19) + 2 * (ranklogs.TAIL + 200), sizes
+    for r in range(2):
+        text = (tmp_path / f"rank{r}.stdout").read_bytes()
+        assert text.endswith(b"last line\n") and b"[nbddp: " in text and b"NBDDP_LOG_TOTAL_MB=0.5" in text
+    assert len(said) == 1 and "NBDDP_LOG_TOTAL_MB=0.5 MB" in said[0], said
+
+
+# ------------------------------------------------------------------- in a kernel
+@pytest.mark.kernel
+def test_a_runaway_log_keeps_its_head_a_cut_line_and_its_tail(kernel, tmp_path):
+    logs = tmp_path / "logs"
+    kernel.ok(f"import os; os.environ['{ranklogs.RANK_MB_VAR}'] = '0.25'")
+    try:
+        reply = kernel.execute(f"%%ddp -n 2 --log-dir {logs} --output text\n" + LOUD, timeout=180)
+    finally:
+        kernel.ok(f"del os.environ['{ranklogs.RANK_MB_VAR}']")
+    assert reply.status == "ok", reply.text[-2000:]
+    out = (logs / "rank0.stdout").read_bytes()
+    assert len(out) <= (1 << 18) + ranklogs.TAIL + 200, len(out)
+    assert out.startswith(b"line 000000 ") and out.endswith(b"the end\n")
+    assert out.count(b"[nbddp: ") == 1 and b"NBDDP_LOG_RANK_MB=0.25 MB a log" in out
+    assert (logs / "rank1.stderr").read_text() == "RuntimeError: the last words\n"
+    assert reply.text.count("log reached its cap") == 1, reply.text[-3000:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tiny tmpfs (needs root)")
+@pytest.mark.kernel
+def test_a_full_disk_leaves_the_ranks_running_and_says_so_once(kernel, tmp_path):
+    full = tmp_path / "full"
+    full.mkdir(mode=0o700)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(full)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        cell = LOUD + "import time; time.sleep(0.5); print('after the disk filled')\n"
+        reply = kernel.execute(f"%%ddp -n 2 --log-dir {full} --output text\n{cell}", timeout=180)
+        assert reply.status == "ok", reply.text[-3000:]
+        assert reply.text.count("[rank0]:after the disk filled") == 1
+        assert reply.text.count("[rank1]:after the disk filled") == 1
+        assert reply.text.count("could not write") == 1 and "No space left on device" in reply.text
+        assert "Traceback" not in reply.text
+        assert kernel.ok("print(_ddp.ok)").stdout.strip() == "True"
+    finally:
+        subprocess.run(["umount", "-l", str(full)])
