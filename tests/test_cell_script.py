@@ -196,6 +196,32 @@ if os.environ["RANK"] == "1":
     assert left_behind(folder) == []
 
 
+SWAPPED = """%%ddp --launcher torchrun -n 1 --max-restarts 1
+import os
+print("RUN", os.environ["TORCHELASTIC_RESTART_COUNT"], os.path.dirname(__file__) == os.getcwd(), flush=True)
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    planted = __file__ + ".planted"
+    with open(planted, "w") as f:
+        f.write("print('SOMEONE ELSE', flush=True)\\n")
+    os.replace(planted, __file__)   # as another user could in a group-writable folder
+    raise SystemExit(1)             # torchrun restarts the rank: by the script's path
+"""
+
+
+@pytest.mark.skipif("cellsource" not in open(os.path.join(os.path.dirname(__file__), "..", "nbddp", "rank",
+                                                              "torchrun_rank.py")).read(),
+                    reason="needs nbddp/rank/torchrun_rank.py to read the cell through nbddp/rank/cellsource.py")
+def test_a_torchrun_restart_runs_what_nbddp_wrote_not_what_the_path_names_now(kernel):
+    """Issue #37 point 4: a file renamed over the script beside the notebook between two
+    torchrun starts is not run; the restart runs the cell nbddp wrote (its copy in the 0700 log
+    folder), with __file__ still beside the notebook."""
+    folder = cwd_of(kernel)
+    reply = kernel.execute(SWAPPED, timeout=120)
+    assert "SOMEONE ELSE" not in reply.text, reply.text
+    assert reply.status == "ok" and "RUN 1 True" in reply.text, reply.text
+    assert left_behind(folder) == []
+
+
 # Unchanged GPU code from the tutorials, on this CPU build: each gets its one-line hint.
 GPU_SNIPPETS = {
     "set_device": ("import os, torch\ntorch.cuda.set_device(int(os.environ['LOCAL_RANK']))",

@@ -30,6 +30,7 @@ from nbddp.core import placement
 from nbddp.core import torchrun_cli
 from nbddp.core.cellnames import log_label
 from nbddp.core.rankfiles import RankFiles
+from nbddp.rank.cellsource import SOURCE_VAR
 from nbddp.rank.torchrun_rank import LABEL_VAR, LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from nbddp.core.envvars import legacy_flag
 from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, private
@@ -119,6 +120,7 @@ class ElasticLaunch(Source):
         env[PREFIX_VAR] = PREFIX_TEMPLATE
         env[STATUS_DIR_VAR] = self.status_dir
         env[LABEL_VAR] = self.cell_label
+        env[SOURCE_VAR] = log_copy  # what the ranks run, on every start (nbddp/rank/cellsource.py)
         flag = legacy_flag(spec)
         if flag is not None:
             env[LEGACY_VAR] = flag
@@ -128,7 +130,7 @@ class ElasticLaunch(Source):
         self.emit("launch_started", self.result, spec, self.placement.backend)
         if self.placement.note:
             self.note(self.placement.note)
-        self.agent = AgentProcess(log_dir, self._on_output)
+        self.agent = AgentProcess(log_dir, self._on_output, self.note)
         self.agent.start(cmd, self.cwd, env)
 
     def note(self, text: str) -> None:
