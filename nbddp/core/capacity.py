@@ -96,12 +96,15 @@ def _mem_available_mib() -> int | None:
                     break
     except (OSError, ValueError):
         pass
-    try:
+    try:  # cgroup v2: the limit less what is used, the page cache it can drop not counted
         with open("/sys/fs/cgroup/memory.max", encoding="ascii") as f:
             cap = f.read().strip()
-        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as f:
-            used = int(f.read().strip())
         if cap != "max":
+            with open("/sys/fs/cgroup/memory.current", encoding="ascii") as f:
+                used = int(f.read().strip())
+            with open("/sys/fs/cgroup/memory.stat", encoding="ascii") as f:
+                stat = dict(line.split() for line in f if line.count(" ") == 1)
+            used -= int(stat.get("inactive_file", 0))
             left = max(0, int(cap) - used) >> 20
             available = left if available is None else min(available, left)
     except (OSError, ValueError):
