@@ -152,3 +152,11 @@ def test_random_run_arguments_are_accepted_or_refused_in_one_line():
         given = dict(args=(), kwargs=None, cwd=None, env_base=None, push=None, cell_label=None)
         given.update({rng.choice(names): rng.choice(API_VALUES) for _ in range(rng.randrange(1, 3))})
         _accepted_or_usage(lambda: api._check_arguments(**given), f"nbddp.run(..., **{given!r})")
+
+
+def test_export_script_names_that_cannot_be_files_are_refused():
+    for name in ("x\x00.py", "\udc80.py", "\ud800.py"):
+        with pytest.raises(DDPUsageError, match="not a file name"):
+            rules.parse_export_line(shlex.quote(name) + " -n 2", None, with_cell=True)
+        with pytest.raises(DDPUsageError, match="NUL|surrogate"):
+            rules.parse_line(f"--export {shlex.quote(name)}")

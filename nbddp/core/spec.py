@@ -660,8 +660,19 @@ _NO_VALUES_ACROSS = ("%%ddp: --push/--pull move values between the notebook and 
 
 
 def check_script_name(path: str, who: str) -> None:
-    if not path or not path.endswith(".py"):
-        raise DDPUsageError(f"{who}: the script name must end in .py, got {path!r}")
+    if not isinstance(path, str) or not path or not path.endswith(".py"):
+        raise DDPUsageError(f"{who}: the script name must end in .py, got {_shown(path)}")
+    if "\0" in path or not _encodable(path):
+        raise DDPUsageError(f"{who}: the script name is not a file name (a NUL or a lone surrogate), "
+                            f"got {_shown(path)}")
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeError:
+        return False
+    return True
 
 
 def check_cell(source: str, who: str = "%%ddp", so: str = "so no rank was started") -> None:
