@@ -415,3 +415,8 @@ def test_a_pool_started_past_the_bound_runs_its_cells():
     pool = rules.parse_pool_line(f"start -n {many} --max-ranks {many}", running=False, exists=False).spec
     assert rules.choose_source(parse_line("--timeout 5", shape=pool), pool=pool) == "pool"
     assert rules.given_or_made(None, None, {"timeout": 5}, shape=pool).world_size == many
+
+
+def test_an_exported_script_under_the_home_folder_is_there_not_in_a_folder_named_tilde():
+    assert parse_line("--export ~/job.py").export == str(Path.home() / "job.py")
+    assert rules.parse_export_line("~/job.py -n 2", None, with_cell=True)[0] == str(Path.home() / "job.py")

@@ -386,10 +386,12 @@ def _env_pairs(env) -> tuple:
 
 
 def _expanded(spec: LaunchSpec) -> LaunchSpec:
-    """``--log-dir ~/logs`` is the home folder's logs (a shell would expand it; a folder named
-    ``~`` in the working folder is never what was meant)."""
-    if spec.log_dir and spec.log_dir.startswith("~"):
-        return replace(spec, log_dir=os.path.expanduser(spec.log_dir))
+    """``--log-dir ~/logs`` (``--export ~/job.py``) is in the home folder, as a shell would
+    expand it: a folder named ``~`` in the working folder is never what was meant."""
+    for name in ("log_dir", "export"):
+        path = getattr(spec, name)
+        if path and path.startswith("~"):
+            spec = replace(spec, **{name: os.path.expanduser(path)})
     return spec
 
 
@@ -824,7 +826,7 @@ def parse_export_line(line: str, last_line: str | None, with_cell: bool) -> tupl
         raise DDPUsageError(f"%ddp_export: cannot split the line: {exc}") from None
     if not words:
         raise DDPUsageError("%ddp_export: usage: %ddp_export SCRIPT.py [%%ddp options]")
-    path, options = words[0], shlex.join(words[1:])
+    path, options = os.path.expanduser(words[0]), shlex.join(words[1:])
     check_script_name(path, "%ddp_export")
     if with_cell:
         return path, options
