@@ -47,6 +47,21 @@ def private(path: str, flags: int) -> int:
     return os.open(path, flags, 0o600)
 
 
+def write_private(path: str, text: str) -> OSError | None:
+    """Write ``text`` to a new private file ``path``; the error instead of a partial file where
+    it cannot be written whole (a full disk): nothing half-written is left to be read or run."""
+    try:
+        with open(path, "w", encoding="utf-8", opener=private) as f:
+            f.write(text)
+        return None
+    except OSError as exc:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return exc
+
+
 def check_log_dir(path: str) -> None:
     """Refuse (``DDPUsageError``, one line) a ``--log-dir`` nbddp cannot safely write: not a
     folder, or a folder another user owns or can write (they could plant links to the user's

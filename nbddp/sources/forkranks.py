@@ -11,7 +11,7 @@ from nbddp.forkserver import spares
 from nbddp.core.cellnames import log_label
 from nbddp.core.job import Cell
 from nbddp.core.rankfiles import RankFiles
-from nbddp.kernel.logdirs import private
+from nbddp.kernel.logdirs import write_private
 from nbddp.sources import descriptors
 from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rankjobs import rank_jobs
@@ -42,9 +42,8 @@ class ForkRanks(Source):
         spec, log_dir = self.spec, self.log_dir
         self.use_spares = spares.usable(spec, pool_mode=False)
         descriptors.fit(spec.world_size, len(spares.pids()) if self.use_spares else 0)  # before any line
-        with open(self.log_copy, "w", opener=private) as f:
-            f.write(self.source_text if self.source_text is not None else
-                    f"# nbddp ran the function {self.func['name']}\n")
+        failed = write_private(self.log_copy, self.source_text if self.source_text is not None else
+                               f"# nbddp ran the function {self.func['name']}\n")
         devices = placement.cuda_device_count()
         plan = placement.plan(spec, devices, self.base_env)
         self.result = RunResult(
@@ -54,6 +53,8 @@ class ForkRanks(Source):
         self.store, port = host_for(spec)
         self.result.master_port = port
         self.emit("launch_started", self.result, spec, plan.backend)
+        if failed is not None:  # the ranks get the cell in their job: they run, the copy is missing
+            self.note(f"could not keep the cell's copy in {log_dir} ({failed.strerror}); the ranks run it anyway")
         if plan.note:
             self.note(plan.note)
         files = RankFiles(log_dir)

@@ -33,7 +33,7 @@ from nbddp.core.rankfiles import RankFiles
 from nbddp.rank.cellsource import SOURCE_VAR
 from nbddp.rank.torchrun_rank import LABEL_VAR, LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from nbddp.core.envvars import legacy_flag
-from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, private
+from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, write_private
 from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
 from nbddp.core.spec import LaunchSpec
 from nbddp.sources.supervisor import Source, Supervisor
@@ -102,8 +102,10 @@ class ElasticLaunch(Source):
         log_dir = new_log_dir(spec.log_dir)
         self.status_dir = fresh_subdir(RankFiles(log_dir).status_dir)  # no earlier launch's pids
         log_copy = RankFiles(log_dir).cell_copy
-        with open(log_copy, "w", opener=private) as f:
-            f.write(self.source_text)
+        failed = write_private(log_copy, self.source_text)  # what every rank runs: whole, or nothing starts
+        if failed is not None:
+            raise OSError(failed.errno, f"nbddp: cannot write the cell's copy for torchrun in {log_dir} "
+                          f"({failed.strerror}); nothing was started")
         if self.script_beside_notebook:
             self.script = cellscript.create(self.cwd, self.source_text)
         self.cell_path = cell_path = self.script or log_copy
@@ -125,8 +127,7 @@ class ElasticLaunch(Source):
         if flag is not None:
             env[LEGACY_VAR] = flag
         cmd = self.command(cell_path)
-        with open(os.path.join(log_dir, "torchrun-command.txt"), "w", opener=private) as f:
-            f.write(shlex.join(cmd) + "\n")
+        write_private(os.path.join(log_dir, "torchrun-command.txt"), shlex.join(cmd) + "\n")  # for the user
         self.emit("launch_started", self.result, spec, self.placement.backend)
         if self.placement.note:
             self.note(self.placement.note)
