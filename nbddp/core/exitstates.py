@@ -59,8 +59,8 @@ def settle(res, stop, sent) -> None:
         stopped_state(res, stop)
     elif killed_in_its_exit(code, stop, sent):
         res.state, res.exitcode = RankState.KILLED, -signal.SIGKILL
-        res.cause = ("killed by nbddp: its cell ended well, but its process was still exiting (atexit "
-                     "handlers, non-daemon threads such as a final checkpoint) when --exit-grace ran out")
+        res.cause = ("its cell ended well, but its process was still exiting (atexit handlers, non-daemon "
+                     "threads such as a final checkpoint) when --exit-grace ran out, so nbddp killed it")
     elif code == 0:
         res.state, res.cause = RankState.OK, ""
     elif code is not None and code < 0:
