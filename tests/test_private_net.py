@@ -9,11 +9,12 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
 
-from helpers import alive, wait_gone
+from helpers import alive, wait_gone, wait_until
 from kernel import Kernel
 
 pytestmark = [pytest.mark.kernel,  # see tests/conftest.py
@@ -232,3 +233,43 @@ def test_on_a_jupyterhub_server_private_net_0_keeps_the_machine_network(tmp_path
         assert set(re.findall(r"NET (net:\[\d+\])", reply.stdout)) == {os.readlink(f"/proc/{k.pid}/ns/net")}
     finally:
         k.shutdown()
+
+
+SITE_THREAD = "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+
+REFUSED_RUN = """
+import nbddp
+from nbddp.forkserver import privnet
+print("PROBE", privnet.unavailable() or "available", flush=True)
+try:
+    nbddp.run("import os; print('NET', os.readlink('/proc/self/ns/net'))", n=1)
+    print("RAN", flush=True)
+except nbddp.DDPUsageError as exc:
+    print("REFUSED", exc, flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (to drop CAP_SYS_ADMIN)")
+def test_a_private_network_that_cannot_be_entered_refuses_the_launch(tmp_path):
+    """Private fails closed. As a hub's user runs (root here drops CAP_SYS_ADMIN, so it needs a
+    user namespace), with a ``sitecustomize`` that starts a thread at startup: a user namespace
+    needs a single-threaded process, so the forkserver cannot enter one. The probe says so (it
+    ran ``python -I -S`` and said yes), and ``NBDDP_PRIVATE_NET=1`` refuses the launch in one line
+    saying why, before any rank starts (the rank ran on the machine's network)."""
+    site, tmp = tmp_path / "site", tmp_path / "tmp"
+    site.mkdir()
+    tmp.mkdir()
+    (site / "sitecustomize.py").write_text(SITE_THREAD)
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "NBDDP_PRIVATE_NET": "1", "PYTHONPATH": path, "TMPDIR": str(tmp)}
+    done = subprocess.run(["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", "--",
+                           sys.executable, "-c", REFUSED_RUN], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert "PROBE this Python process had" in done.stdout, done.stdout + done.stderr
+    refused = [line for line in done.stdout.splitlines() if line.startswith("REFUSED")]
+    assert refused, done.stdout + done.stderr
+    assert "private network (NBDDP_PRIVATE_NET=1), but the forkserver could not enter one" in refused[0]
+    assert "a user namespace needs a single-threaded process" in refused[0]
+    assert "RAN" not in done.stdout and "NET net:" not in done.stdout, done.stdout
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert wait_until(lambda: not os.listdir(tmp), 10), os.listdir(tmp)

@@ -15,11 +15,17 @@ gid to themselves, so ``os.getuid()`` is unchanged), brings its loopback up, and
 forks (ranks, spares, the process hosting the stores: nbddp/forkserver/storehost.py) lives there. The
 cost: ranks reach nothing beyond that loopback (no downloads, no other machine), and inside a
 user namespace files of other users show as owned by ``nobody``. This module is plain stdlib:
-it runs in the forkserver before torch, and as a probe with ``python -I``.
+it runs in the forkserver before torch, and in the probe (``unavailable``).
+
+Private fails closed: where the forkserver could not enter its network, it records why
+(``failure``), the process hosting the stores reports that and its network to the kernel, and
+the kernel refuses every launch in one line (nbddp/forkserver/storehost.py); a rank forked from
+such a forkserver refuses to run (nbddp/rank/worker.py).
 """
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import select
@@ -74,8 +80,14 @@ def enter() -> None:
     uid, gid = os.geteuid(), os.getegid()
     carried = _machine_addresses() + [a for a in nameservers() if not a.startswith("127.")]
     if _unshare(CLONE_NEWNET) != 0:  # root (CAP_SYS_ADMIN) needs nothing more
+        threads = _threads()
         if _unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
+            if err == errno.EINVAL and threads > 1:  # the kernel refuses a threaded process
+                raise OSError(err, f"this Python process had {threads} threads before nbddp could "
+                                   f"enter one (a sitecustomize or .pth file, or a module imported "
+                                   f"at startup, started a thread), and a user namespace needs a "
+                                   f"single-threaded process")
             raise OSError(err, f"unprivileged user and network namespaces are not allowed here "
                                f"(unshare: {os.strerror(err)})")
         _write("/proc/self/setgroups", "deny")
@@ -89,6 +101,25 @@ def enter() -> None:
 def entered() -> bool:
     """This process (or the forkserver it was forked from) entered a private network."""
     return bool(_state.get("entered"))
+
+
+def failed(why: str) -> None:
+    """This process was to enter a private network and could not (``why``); what it forks
+    inherits the record (``failure``) and refuses to run as if it had."""
+    _state["failed"] = why or "it could not enter one"
+
+
+def failure() -> str:
+    """Why this process (or the forkserver it was forked from) is not in the private network it
+    was to enter; "" where it is, or was not asked to."""
+    return _state.get("failed", "")
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
 
 
 def _machine_addresses() -> list[str]:
@@ -203,20 +234,37 @@ def network_id(pid: int | str = "self") -> str:
 
 def unavailable() -> str:
     """Why this machine gives this user no private network ("" where it does), tried once per
-    kernel in a short-lived ``python -I`` (the kernel itself has threads and must stay put)."""
+    kernel in a short-lived process (the kernel itself has threads and must stay put) started
+    as multiprocess starts the forkserver: the same interpreter and flags, with ``site`` (a
+    ``sitecustomize`` or ``.pth`` file that starts a thread makes a user namespace fail there
+    too; ``python -I -S`` said yes where the forkserver then could not), the kernel's sys.path,
+    and the forkserver's first import (the nbddp package) before it tries."""
     if "why" not in _probed:
-        try:
-            done = subprocess.run([sys.executable, "-I", "-S", __file__], capture_output=True,
-                                  text=True, timeout=20)
-            _probed["why"] = "" if done.returncode == 0 else (
-                done.stderr.strip().splitlines() or ["the probe failed"])[-1]
-        except (OSError, subprocess.SubprocessError) as exc:
-            _probed["why"] = f"the probe could not run: {exc}"
+        _probed["why"] = _probe()
     return _probed["why"]
 
 
-if __name__ == "__main__":  # the probe: can this user enter one?
+PROBE_S = 20.0
+
+
+def _probe() -> str:
+    code = (f"import sys; sys.path[:] = {[p or os.getcwd() for p in sys.path]!r}; "
+            f"from nbddp.forkserver import privnet; privnet.probe_main()")
+    command = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_S,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"the probe could not run: {exc}"
+    if done.returncode == 0:
+        return ""
+    return (done.stderr.strip().splitlines() or [f"the probe failed (exit code {done.returncode})"])[-1]
+
+
+def probe_main() -> None:
+    """The probe's body: can this process, started as the forkserver is, enter one?"""
     try:
         enter()
-    except OSError as exc:
-        sys.exit(str(exc.strerror or exc))
+    except Exception as exc:  # noqa: BLE001 - the one line the kernel shows
+        sys.exit(str(getattr(exc, "strerror", None) or exc))
+    sys.exit(0)

@@ -5,12 +5,19 @@ small process forked by the (private) forkserver hosts every launch's store on r
 ends with the kernel (its pipe closes). Requests, one at a time over that pipe:
 ``("host", master_addr, port)`` → ``("ok", port)`` | ``("error", one line)``, and
 ``("drop", port)`` when the launch that used it has ended.
+
+Fail closed: the host says, when it is ready, which network it is in and whether the forkserver
+it was forked from could not enter the private one (``privnet.failure``); a launch is refused in
+one line (``NotPrivate``) where it could not, where the host or the forkserver is on the
+kernel's own network, or where the two differ, before any rank starts.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 from nbddp.core.errors import DDPUsageError
+from nbddp.kernel import forkguard
 
 ANSWER_S = 30.0  # a TCPStore starts in milliseconds; past this the host is stuck
 
@@ -28,7 +35,7 @@ def serve(conn) -> None:
     stores = {}
     if privnet.entered():
         privnet.answer_names()
-    conn.send(("ready", privnet.network_id()))
+    conn.send(("ready", privnet.network_id(), privnet.failure()))
     while True:
         try:
             request = conn.recv()
@@ -65,9 +72,18 @@ class HostedStore:
 
 
 def host(master_addr: str, port: int | None):
-    """A store for one launch, hosted in the private network: (handle, port)."""
+    """A store for one launch, hosted in the private network: (handle, port). Raises
+    DDPUsageError (one line) where the ranks would not be in a private network."""
     with _lock:
         conn = _running()
+        why = _why_not_private()
+        if why and not _host.get("why"):  # a host left from an earlier forkserver: one new start
+            _stop()
+            conn = _running()
+            why = _why_not_private()
+        if why:
+            _stop()
+            raise DDPUsageError(refusal(why))
         try:
             conn.send(("host", master_addr, port))
             answered = conn.poll(ANSWER_S)
@@ -81,6 +97,46 @@ def host(master_addr: str, port: int | None):
                                  f"network: {reply[1]}")
             raise DDPUsageError(reply[1])
     return HostedStore(reply[1]), reply[1]
+
+
+def refusal(why: str) -> str:
+    from nbddp.forkserver.privnet import ENV
+
+    return (f"%%ddp: this kernel's ranks are to run in a private network ({ENV}=1), but {why}; "
+            f"no rank was started (a new kernel with {ENV}=0 runs them on the machine's network)")
+
+
+def not_private(host_net: str | None, host_why: str, forkserver_net: str | None, kernel_net: str) -> str:
+    """Why a launch would not be private ("" where it would): the host's report of the
+    forkserver, or the networks the host, the forkserver and this kernel are in."""
+    if host_why:
+        return host_why
+    if not host_net or host_net == kernel_net:
+        return f"the process hosting the stores is on this kernel's own network ({kernel_net})"
+    if forkserver_net == kernel_net:
+        return f"the forkserver is on this kernel's own network ({kernel_net})"
+    if forkserver_net is not None and forkserver_net != host_net:
+        return (f"the forkserver ({forkserver_net}) and the process hosting the stores "
+                f"({host_net}) are in different networks")
+    return ""
+
+
+def _why_not_private() -> str:
+    from nbddp.forkserver import privnet
+
+    return not_private(_host.get("net"), _host.get("why", ""), _forkserver_network(), privnet.network_id())
+
+
+def _forkserver_network() -> str | None:
+    """The network the running forkserver (the ranks' parent) is in; None where it cannot be
+    read (it ended: the ranks' start then fails or starts a new one, checked by the ranks)."""
+    from multiprocess import forkserver
+
+    pid = forkserver._forkserver._forkserver_pid
+    try:
+        return None if pid is None else os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
 
 
 def network() -> str | None:
@@ -105,13 +161,21 @@ def _running():
     if not conn.poll(ANSWER_S):
         process.kill()
         raise DDPUsageError("%%ddp: the rendezvous store host did not start")
-    _host.update(conn=conn, process=process, net=conn.recv()[1])
+    try:
+        ready = conn.recv()
+    except (EOFError, OSError):
+        process.kill()
+        raise DDPUsageError("%%ddp: the rendezvous store host ended as it started") from None
+    _host.update(conn=conn, process=process, net=ready[1], why=ready[2] if len(ready) > 2 else "")
+    forkguard.hold(conn.fileno())  # a child the kernel forks must not keep the host alive
+    forkguard.on_child(_host.clear)
     return conn
 
 
 def _stop() -> None:
     conn, process = _host.pop("conn", None), _host.pop("process", None)
     _host.pop("net", None)
+    _host.pop("why", None)
     if conn is not None:
         conn.close()
     if process is not None:
