@@ -503,3 +503,21 @@ def test_a_rank_stuck_in_its_exit_after_its_cell_is_ended_with_its_own_result(ke
     assert "rank 1 finished its cell (exit code 0) but its process had not exited 3 s later" in reply.text, reply.text
     assert reply.elapsed < 20, reply.elapsed
     assert_recovered(kernel, rank_pids(kernel))
+
+
+def test_a_rank_whose_lifeline_read_fails_other_than_at_its_end_keeps_running(kernel):
+    """Only the lifeline's end of file means the kernel is gone (nbddp/rank/worker.py): the cell
+    closes the descriptor (as ``os.closerange`` does) and a signal interrupts the lifeline's read,
+    which Python retries and gets EBADF. The rank runs on (it was SIGKILLed with its group)."""
+    reply = kernel.execute("%%ddp -n 1 --timeout 60 --output text\n"
+                           "import os, signal, threading, time\n"
+                           "from nbddp.rank import worker\n"
+                           "signal.signal(signal.SIGUSR2, lambda *args: None)\n"
+                           "os.close(worker._LIFELINE['fd'])\n"
+                           "life = next(t for t in threading.enumerate() if t.name == 'nbddp-lifeline')\n"
+                           "signal.pthread_kill(life.ident, signal.SIGUSR2)\n"
+                           "time.sleep(1)\n"
+                           "print('still running', life.is_alive())", timeout=60)
+    assert reply.status == "ok", reply.text
+    assert "still running False" in reply.stdout, reply.text
+    assert_recovered(kernel, rank_pids(kernel))

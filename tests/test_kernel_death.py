@@ -5,6 +5,7 @@ stuck in C code holding the GIL (its lifeline thread cannot run, as in torch's g
 deadlock). Within 5 s no process of it is left (by pid: the forkserver, the resource tracker,
 spares, ranks, nbddp's watcher) and its temporary folder is empty: no ``pymp-*`` (multiprocess),
 no ``nbddp-*`` (logs), no empty ``torchinductor_*`` (torch's cache, made by the preload)."""
+import glob
 import os
 import secrets
 import signal
@@ -47,6 +48,12 @@ def _processes_of(k: Kernel, tmp: str) -> list[int]:
 # the kernel alone or its group is the same case for them.
 CASES = [(target, moment) for target in ("kernel", "group") for moment in ("idle", "mid-cell", "after-a-cell")]
 CASES += [("kernel", "forkserver-stuck"), ("kernel", "rank-holding-the-gil")]
+# the kernel forked a child (os.fork(), a multiprocessing fork worker) that outlives it: it held
+# the watcher's, the forkserver's and the resource tracker's pipes, so nothing was cleaned up
+CASES += [("kernel", "forked-child")]
+
+FORK = "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(300)\n    os._exit(0)\nprint('CHILD', pid)"
+PUSHING = "%%ddp -n 2 --push x\nimport time\nprint('running', flush=True)\ntime.sleep(120)"
 
 
 @pytest.mark.parametrize("target,moment", CASES)
@@ -54,7 +61,7 @@ def test_nothing_of_a_killed_kernel_outlives_it(tmp_path, target, moment):
     tmp = str(tmp_path / "tmp")
     os.mkdir(tmp)
     k = Kernel(cwd=str(tmp_path), env=dict(as_in_jupyter(), TMPDIR=tmp))
-    pids = []
+    pids, child = [], None
     try:
         k.ok("%load_ext nbddp")
         k.ok("%%ddp -n 2\nimport torch\nprint(torch.ones(2).sum())", timeout=300)
@@ -68,7 +75,12 @@ def test_nothing_of_a_killed_kernel_outlives_it(tmp_path, target, moment):
             k.start_until(HOLDING_THE_GIL, lambda text: text.count("running") == 2)
         elif moment == "forkserver-stuck":
             os.kill(k.forkserver().pid, signal.SIGSTOP)
-        pids = _processes_of(k, tmp)
+        elif moment == "forked-child":
+            child = int(k.ok(FORK).stdout.split("CHILD")[1])
+            k.ok("x = 42")
+            k.start_until(PUSHING, lambda text: text.count("running") == 2)
+            assert glob.glob(f"/dev/shm/nbddp-push-{k.pid}-*")
+        pids = [pid for pid in _processes_of(k, tmp) if pid != child]
         assert len(pids) >= 3, pids  # at least the forkserver, the resource tracker and the watcher
         kernel, killed = k.pid, time.monotonic()
         os.kill(kernel, signal.SIGKILL) if target == "kernel" else os.killpg(os.getpgid(kernel), signal.SIGKILL)
@@ -77,7 +89,11 @@ def test_nothing_of_a_killed_kernel_outlives_it(tmp_path, target, moment):
             time.sleep(0.05)
         assert not survivors, f"outlived the kernel: {[(p, psutil.Process(p).cmdline()[:3]) for p in survivors]}"
         assert os.listdir(tmp) == [], "left behind in the temporary folder"
+        assert not glob.glob(f"/dev/shm/nbddp-push-{kernel}-*"), "pushed values left behind"
+        assert not glob.glob(str(tmp_path / ".nbddp-*")), "the cell's script left beside the notebook"
     finally:
+        if child is not None:
+            pids.append(child)
         k.kc.stop_channels()
         for pid in alive(pids):
             for sig in (signal.SIGCONT, signal.SIGKILL):
@@ -161,3 +177,25 @@ def test_the_watcher_ignores_sigterm_and_sighup_and_still_cleans_up(tmp_path):
     finally:
         owner.kill()
         owner.wait()
+
+
+@pytest.mark.kernel
+def test_a_forked_child_closes_what_the_kernel_holds_but_not_a_reused_number():
+    """nbddp/kernel/forkguard.py: a held descriptor is closed in a forked child; one closed since
+    and whose number now names another file is left open."""
+    code = ("import os\nfrom nbddp.kernel import forkguard\n"
+            "r, w = os.pipe(); forkguard.hold(w)\n"
+            "r2, w2 = os.pipe(); forkguard.hold(w2); os.close(w2); w3 = os.dup(r)\n"
+            "assert w3 == w2\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    def is_open(fd):\n"
+            "        try:\n"
+            "            os.fstat(fd)\n"
+            "            return True\n"
+            "        except OSError:\n"
+            "            return False\n"
+            "    os._exit(0 if not is_open(w) and is_open(w3) else 1)\n"
+            "print('child', os.waitpid(pid, 0)[1], 'parent', os.fstat(w) is not None)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "child 0 parent True", done.stdout + done.stderr

@@ -118,3 +118,18 @@ def test_offers_while_ranks_are_forked_never_stall_the_forkserver(tmp_path):
         assert sum(v == "ok" for k_, v in offered.items() if k_.startswith("offered_")) >= cells - 5, offered
     finally:
         k.shutdown()
+
+
+def test_torch_compile_cache_is_private_not_the_predictable_tmp_folder(kernel):
+    """The preload imports torch._dynamo, which made ``/tmp/torchinductor_<user>``: a name any
+    user can make first (and then own the user's compiled code). The ranks' (and the
+    forkserver's) cache is a 0700 folder of nbddp's, removed with the kernel."""
+    reply = kernel.ok("%%ddp -n 1 --output text\n"
+                      "import os\n"
+                      "from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir\n"
+                      "path = cache_dir(); info = os.stat(path)\n"
+                      "print('CACHE', path != default_cache_dir(), os.path.basename(path).startswith('nbddp-'),"
+                      " oct(info.st_mode & 0o777), info.st_uid == os.getuid())")
+    assert "CACHE True True 0o700 True" in reply.stdout, reply.text
+    # the kernel's own torch is left as it was
+    assert kernel.ok("import os; print('KERNEL', os.environ.get('TORCHINDUCTOR_CACHE_DIR'))").stdout.strip() == "KERNEL None"

@@ -15,10 +15,12 @@ from contextlib import contextmanager
 import multiprocess
 from multiprocess import forkserver, spawn, util
 
+from nbddp.kernel import forkguard
 from nbddp.kernel import janitor
 from nbddp.forkserver import privnet
 from nbddp.forkserver.preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/forkserver/preload.py
 from nbddp.forkserver.preload import PROBE_TIMEOUT_S
+from nbddp.rank import worker
 
 _lock = threading.Lock()
 _preload_set = False
@@ -70,16 +72,56 @@ def _spawnv_passfds_in_own_session(path, args, passfds):
     the watcher of nbddp/kernel/janitor.py ends whatever of them is stuck and removes multiprocess's
     ``pymp-*`` folder (the listener's socket) and torch's cache folder if the preload made it
     empty (``import torch._dynamo`` creates it)."""
-    janitor.remove_if_empty_at_exit(janitor.new_torch_cache_dir())
     janitor.remove_at_exit(util.get_temp_dir())
+    forkguard.on_child(_forget_helpers_in_child)
     child = subprocess.Popen(list(args), executable=path, pass_fds=tuple(sorted(map(int, passfds))),
-                             close_fds=True, start_new_session=True)
+                             close_fds=True, start_new_session=True, env={**os.environ, **_torch_cache()})
     _children[child.pid] = child
     janitor.end_with_kernel(passfds)
     return child.pid
 
 
 util.spawnv_passfds = _spawnv_passfds_in_own_session
+
+TORCH_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+_torch_cache_dir: list[str] = []  # nbddp's private one, once made
+
+
+def _torch_cache() -> dict:
+    """The forkserver imports torch._dynamo, which makes torch's compile cache folder, by default
+    ``/tmp/torchinductor_<user>``: a name anyone can predict and make first, and whoever owns it
+    owns the user's compiled code. Unless the user named a folder, nbddp's helpers (and so the
+    ranks: nbddp/rank/worker.py) get a private one (0700, removed with the kernel); the
+    kernel's own torch is left as it is. Where the user named one, it is removed at exit only if
+    the preload made it empty."""
+    named = os.environ.get(TORCH_CACHE)
+    if named and os.path.abspath(named) != worker.predictable_torch_cache():
+        janitor.remove_if_empty_at_exit(janitor.new_torch_cache_dir())
+        return {}
+    with _lock:
+        if not _torch_cache_dir:
+            _torch_cache_dir.append(tempfile.mkdtemp(prefix="nbddp-inductor-"))
+            janitor.remove_at_exit(_torch_cache_dir[0])
+    return {TORCH_CACHE: _torch_cache_dir[0]}
+
+
+
+def _forget_helpers_in_child() -> None:
+    """In a child the kernel forked (``os.fork()``, a multiprocessing fork worker): close the
+    kernel's ends of the forkserver's alive pipe and the resource tracker's pipe, which kept
+    both running after the kernel died, and forget them (the child starts its own if it uses
+    them). nbddp/kernel/forkguard.py runs this."""
+    from multiprocess import resource_tracker
+
+    server, tracker = forkserver._forkserver, resource_tracker._resource_tracker
+    for fd in (server._forkserver_alive_fd, getattr(tracker, "_fd", None)):
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    server._forkserver_alive_fd = server._forkserver_pid = server._forkserver_address = None
+    tracker._fd = tracker._pid = None
 
 
 _known_forkserver: int | None = None  # the pid the last launch used

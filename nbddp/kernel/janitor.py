@@ -144,7 +144,21 @@ def _watcher() -> int | None:
             w = -1
         os.close(r)
         _w = w
+        if w >= 0:
+            from nbddp.kernel import forkguard  # not at the top: the watcher runs this file with -I -S
+
+            forkguard.hold(w)
+            forkguard.on_child(_forget_in_child)
     return None if _w < 0 else _w
+
+
+def _forget_in_child() -> None:
+    """In a child the kernel forked (nbddp/kernel/forkguard.py closed the watcher's pipe there):
+    it neither writes to that number nor removes the kernel's folders at its own exit."""
+    global _w, _lock
+    _w, _lock = None, threading.Lock()
+    _sent.clear()
+    _removed_at_exit.clear()
 
 
 @atexit.register

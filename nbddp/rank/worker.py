@@ -26,6 +26,7 @@ from nbddp.core import job as rankjob
 from nbddp.core import messages as msg
 from nbddp.core.cellnames import name_cell
 from nbddp.core.job import Cell, RankJob
+from nbddp.forkserver import privnet
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
@@ -60,6 +61,7 @@ def entry(pipes: dict) -> None:
         job = rankjob.loads(data)
         _set_name(f"nbddp-rank{job.rank}".encode()[:15])
         _become_script(job, pipes)
+        _refuse_outside_private_net(ctl)
         _send(ctl, (msg.STARTED, os.getpid(), time.time()))
         code = _serve(job, ctl) if job.pool else _run(job, ctl)
     except BaseException as exc:  # setup failed: say so as plainly as possible
@@ -68,6 +70,20 @@ def entry(pipes: dict) -> None:
         except OSError:
             pass
     _finish(ctl, code)
+
+
+def _refuse_outside_private_net(ctl) -> None:
+    """A rank forked from a forkserver that could not enter the private network it was to enter
+    (nbddp/forkserver/privnet.py) runs nothing: private fails closed. The kernel refuses such a
+    launch before any rank starts; this is for a forkserver replaced in between."""
+    why = privnet.failure()
+    if why:
+        try:
+            os.write(2, f"nbddp: this rank ran nothing: it was to run in a private network "
+                        f"({privnet.ENV}=1), but {why}\n".encode())
+        except OSError:
+            pass
+        _finish(ctl, 1)
 
 
 def _set_name(name: bytes) -> None:
@@ -103,8 +119,10 @@ def _become_script(job: RankJob, pipes: dict) -> None:
     _INTERRUPT.update(armed=True, ack=job.sigint_path)
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    torch_cache = os.environ.get(TORCH_CACHE)  # nbddp's private one, from the forkserver
     os.environ.clear()
     os.environ.update(job.env)
+    _keep_torch_cache_private(torch_cache)
     user_rendezvous.install(job.env, job.cell.path)  # a cell's own MASTER_PORT/tcp:// works
     _apply_thread_env()
     teardown.install()  # destroy_process_group without torch's teardown race (nbddp/rank/teardown.py)
@@ -117,6 +135,33 @@ def _become_script(job: RankJob, pipes: dict) -> None:
         forget(job.forget)
     atexit._clear()  # handlers inherited from the forkserver are not the script's
     _install_display(pipes["ctl"])
+
+
+TORCH_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def _keep_torch_cache_private(given: str | None) -> None:
+    """torch.compile's cache folder: the one the kernel's environment names, unless that is none
+    or torch's predictable default (the kernel's own torch writes it there): then the private
+    folder nbddp gave the forkserver (nbddp/forkserver/starter.py), which this rank inherited."""
+    named = os.environ.get(TORCH_CACHE)
+    if given and (not named or os.path.abspath(named) == predictable_torch_cache()):
+        os.environ[TORCH_CACHE] = given
+
+
+def predictable_torch_cache() -> str:
+    """torch's default compile cache folder (torch._inductor.runtime.cache_dir_utils):
+    ``$TMPDIR/torchinductor_<user>``, a name any user can predict and make first."""
+    import getpass
+    import re
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.abspath(os.path.join(tempfile.gettempdir(),
+                                        "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)))
 
 
 _INTERRUPT = {"armed": False, "ack": ""}
@@ -172,21 +217,41 @@ def _apply_thread_env() -> None:
 
 
 def _watch_lifeline(conn) -> None:
-    """End this rank's whole process group when the kernel that launched it goes away."""
-    fd = conn.fileno()
+    """End this rank's whole process group when the kernel that launched it goes away: the
+    lifeline's end of file, and nothing else, means that (the kernel never writes to it). A
+    read that fails for another reason (EBADF: the cell closed the descriptor, as
+    ``os.closerange`` does; the same number reopened on another file) ends the watch, not the
+    rank: nbddp's watcher (nbddp/kernel/janitor.py) still ends the rank with the kernel."""
+    fd = _LIFELINE["fd"] = conn.fileno()
+    identity = _identity(fd)
 
     def watch():
         while True:
+            if _identity(fd) != identity:
+                return  # no longer the lifeline: reading it would read someone else's file
             try:
-                if os.read(fd, 1) == b"":
-                    break
+                data = os.read(fd, 1)
             except InterruptedError:
                 continue
             except OSError:
-                break
+                return
+            if data:
+                return  # the lifeline never carries data: this is another file now
+            break
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
     threading.Thread(target=watch, name="nbddp-lifeline", daemon=True).start()
+
+
+_LIFELINE: dict = {}  # its descriptor (tests close it as a cell's os.closerange would)
+
+
+def _identity(fd: int):
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _run(job: RankJob, ctl) -> int:
