@@ -89,6 +89,8 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):  # noqa: D401 - argparse API
         # "argument -n/--world-size/--np: -n must be…" reads better without the alias list
         message = re.sub(r"^argument [^:]+: (?=-|port|not a|[A-Za-z-]+ (must|takes))", "", message)
+        if len(message) > 300:  # argparse repeats what it did not recognize: a hostile line can be long
+            message = message[:297] + "..."
         raise DDPUsageError(f"%%ddp: {message}")
 
     def exit(self, status=0, message=None):
@@ -106,7 +108,7 @@ def _positive_int(name):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {_shown(text)}") from None
         if value < 1:
             raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {value}")
         return value
@@ -118,7 +120,7 @@ def _nonneg_int(name):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {_shown(text)}") from None
         if value < 0:
             raise argparse.ArgumentTypeError(f"{name} must be 0 or more, got {value}")
         return value
@@ -129,7 +131,7 @@ def _port(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"port must be a number, got {_shown(text)}") from None
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port must be between 1 and 65535, got {value}")
     return value
@@ -140,9 +142,9 @@ def _seconds(name):
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, got {_shown(text)}") from None
         if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, got {_shown(text)}")
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{name} must be more than 0 seconds, got {text}")
         return value
@@ -161,7 +163,7 @@ def _seconds_or_off(name):
 def _env_pair(text):
     key, sep, value = text.partition("=")
     if not sep or not _ENV_KEY.match(key):
-        raise argparse.ArgumentTypeError(f"--env takes KEY=VALUE, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--env takes KEY=VALUE, got {_shown(text)}")
     return key, value
 
 
@@ -170,9 +172,9 @@ def _int_list(name):
         try:
             values = tuple(int(part) for part in text.split(",") if part.strip() != "")
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} takes numbers separated by commas, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{name} takes numbers separated by commas, got {_shown(text)}") from None
         if not values or min(values) < 0:
-            raise argparse.ArgumentTypeError(f"{name} takes numbers 0 or more separated by commas, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{name} takes numbers 0 or more separated by commas, got {_shown(text)}")
         return values
     return conv
 
@@ -181,7 +183,7 @@ def _names(text):
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     for name in names:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(@\d+)?$", name):
-            raise argparse.ArgumentTypeError(f"not a Python name: {name!r}")
+            raise argparse.ArgumentTypeError(f"not a Python name: {_shown(name)}")
     return names
 
 
@@ -190,14 +192,14 @@ _SLURM_TIME = re.compile(r"^(\d+-\d+(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}|unlimited
 
 def _slurm_time(text):
     if not _SLURM_TIME.match(text.strip()):
-        raise argparse.ArgumentTypeError(f"--time takes Slurm's MINUTES, HH:MM:SS or D-HH:MM:SS, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--time takes Slurm's MINUTES, HH:MM:SS or D-HH:MM:SS, got {_shown(text)}")
     return text.strip()
 
 
 def _slurm_name(flag):
     def conv(text):
         if not re.match(r"^[\w.,@+-]+$", text):
-            raise argparse.ArgumentTypeError(f"{flag} takes a Slurm name, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{flag} takes a Slurm name, got {_shown(text)}")
         return text
     return conv
 
@@ -205,7 +207,7 @@ def _slurm_name(flag):
 def _sbatch_line(text):
     line = re.sub(r"^#SBATCH\s+", "", text.strip())
     if not line.startswith("-") or "\n" in line:
-        raise argparse.ArgumentTypeError(f"--sbatch takes one sbatch option such as '--qos=high', got {text!r}")
+        raise argparse.ArgumentTypeError(f"--sbatch takes one sbatch option such as '--qos=high', got {_shown(text)}")
     return line
 
 
@@ -341,7 +343,7 @@ def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: i
     """Build a LaunchSpec from keyword options (the Python API's entry), checking them all."""
     nnodes = 1 if nnodes is None else nnodes
     for name, value in (("-n", n), ("--nproc-per-node", nproc_per_node), ("--nnodes", nnodes)):
-        if value is not None and (not _is_int(value) or value < 1):
+        if value is not None and (not _is_int(value) or value < 1 or _huge(value)):
             raise DDPUsageError(f"%%ddp: {name} must be a whole number of at least 1, got {_shown(value)}")
     if nproc_per_node is None:
         total = 1 * nnodes if n is None else n
@@ -429,9 +431,22 @@ def _is_seconds(value) -> bool:
 
 
 def _shown(value) -> str:
-    """A value in a message: its repr, cut (a hostile value can be a megabyte)."""
-    text = repr(value)
+    """A value in a message: its repr, cut (a hostile value can be a megabyte, and an int of
+    more than 4300 digits has no repr at all)."""
+    if _is_int(value) and _huge(value):
+        return f"a {value.bit_length()}-bit number"
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"a {type(value).__name__}"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+HUGE = 1 << 63  # no count, port or number of seconds nbddp takes is this large
+
+
+def _huge(value: int) -> bool:
+    return not -HUGE < value < HUGE
 
 
 _FLAGS = {"ranks_shown": "--ranks", "time_limit": "--time"}
@@ -479,6 +494,8 @@ def _check_types(spec: LaunchSpec) -> None:
         value = getattr(spec, name)
         if not ok(value):
             raise DDPUsageError(f"%%ddp: {_flag(name)} takes {takes}, got {_shown(value)}")
+        if any(_huge(v) for v in _ints_in(value)):
+            raise DDPUsageError(f"%%ddp: {_flag(name)} takes a number below 2**63, got {_shown(value)}")
         for text in _strings(value):
             if "\0" in text:
                 raise DDPUsageError(f"%%ddp: {_flag(name)} cannot hold a NUL character, got {_shown(text)}")
@@ -492,13 +509,13 @@ def _check_types(spec: LaunchSpec) -> None:
         if value is None:
             continue
         least = 0 if name == "idle_warning" else None  # --idle-warning 0 turns it off
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             raise DDPUsageError(f"%%ddp: {_flag(name)} takes a number of seconds, got {value}")
         if not (value >= 0 if least == 0 else value > 0):
             more = "0 seconds or more" if least == 0 else "more than 0 seconds"
             raise DDPUsageError(f"%%ddp: {_flag(name)} must be {more}, got {value}")
         if value > MAX_SECONDS:
-            raise DDPUsageError(f"%%ddp: {_flag(name)} {value:g} seconds is more than a year")
+            raise DDPUsageError(f"%%ddp: {_flag(name)} {_shown(value)} seconds is more than a year")
     for name in ("node_rank", "max_restarts"):
         if getattr(spec, name) is not None and getattr(spec, name) < 0:
             raise DDPUsageError(f"%%ddp: {_flag(name)} must be 0 or more, got {getattr(spec, name)}")
@@ -516,6 +533,14 @@ def _check_types(spec: LaunchSpec) -> None:
                 raise DDPUsageError(f"%%ddp: --{name} takes one name per item, got {_shown(item)}")
     if spec.legacy_launch not in (None, "dash", "underscore"):
         raise DDPUsageError(f"%%ddp: --legacy-launch must be dash or underscore, got {_shown(spec.legacy_launch)}")
+
+
+def _ints_in(value):
+    if _is_int(value):
+        yield value
+    elif isinstance(value, tuple):
+        for item in value:
+            yield from _ints_in(item)
 
 
 def _strings(value):
@@ -585,15 +610,15 @@ def _check(spec: LaunchSpec) -> None:
     _check_types(spec)
     _check_capacity(spec)
     if spec.backend not in BACKENDS:
-        raise DDPUsageError(f"%%ddp: --backend must be one of {', '.join(BACKENDS)}, got {spec.backend!r}")
+        raise DDPUsageError(f"%%ddp: --backend must be one of {', '.join(BACKENDS)}, got {_shown(spec.backend)}")
     if spec.start_method not in START_METHODS:
         raise DDPUsageError(f"%%ddp: --start-method must be one of {', '.join(START_METHODS)}")
     if spec.output not in OUTPUTS:
-        raise DDPUsageError(f"%%ddp: --output must be one of {', '.join(OUTPUTS)}, got {spec.output!r}")
+        raise DDPUsageError(f"%%ddp: --output must be one of {', '.join(OUTPUTS)}, got {_shown(spec.output)}")
     if spec.same_lines is not None and spec.same_lines not in SAME_LINES:
-        raise DDPUsageError(f"%%ddp: --same-lines must be one of {', '.join(SAME_LINES)}, got {spec.same_lines!r}")
+        raise DDPUsageError(f"%%ddp: --same-lines must be one of {', '.join(SAME_LINES)}, got {_shown(spec.same_lines)}")
     if spec.launcher not in LAUNCHERS:
-        raise DDPUsageError(f"%%ddp: --launcher must be one of {', '.join(LAUNCHERS)}, got {spec.launcher!r}")
+        raise DDPUsageError(f"%%ddp: --launcher must be one of {', '.join(LAUNCHERS)}, got {_shown(spec.launcher)}")
     if spec.master_port is not None and not 1 <= int(spec.master_port) <= 65535:
         raise DDPUsageError(f"%%ddp: port must be between 1 and 65535, got {spec.master_port}")
     if spec.timeout is not None and not spec.timeout > 0:
@@ -646,8 +671,9 @@ def _check(spec: LaunchSpec) -> None:
                             f"reaches; --launcher {spec.launcher}'s ranks have no way back to it")
     for item in spec.pull:
         name, _, rank = item.partition("@")
-        if rank and not int(rank) < spec.world_size:
-            raise DDPUsageError(f"%%ddp: --pull {item}: rank {rank} outside 0..{spec.world_size - 1}")
+        if rank and (len(rank) > 18 or not int(rank) < spec.world_size):
+            shown = f"{item}: rank {rank}" if len(rank) <= 18 else f"{_shown(item)}: a rank"
+            raise DDPUsageError(f"%%ddp: --pull {shown} outside 0..{spec.world_size - 1}")
     if spec.export is not None:
         check_script_name(spec.export, "%%ddp: --export")
     if spec.rdzv_endpoint is not None:
@@ -792,10 +818,10 @@ def parse_pool_line(line: str, *, running: bool, exists: bool) -> PoolCommand:
         raise DDPUsageError(f"%ddp_pool: {POOL_USAGE}")
     command, rest = words[0], shlex.join(words[1:])
     if command not in POOL_COMMANDS:
-        raise DDPUsageError(f"%ddp_pool: unknown command {command!r}; {POOL_USAGE}")
+        raise DDPUsageError(f"%ddp_pool: unknown command {_shown(command)}; {POOL_USAGE}")
     if command in ("status", "stop"):
         if rest:
-            raise DDPUsageError(f"%ddp_pool: {command} takes no options, got {rest!r}")
+            raise DDPUsageError(f"%ddp_pool: {command} takes no options, got {_shown(rest)}")
         return PoolCommand(command)
     if command == "start" and running:
         raise DDPUsageError("%ddp_pool: a pool is already running; %ddp_pool stop it first, "
