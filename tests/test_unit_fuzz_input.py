@@ -127,7 +127,8 @@ def test_random_pool_and_export_lines_parse_or_are_refused_in_one_line(capsys):
         _accepted_or_usage(lambda: rules.parse_pool_line(f"{command} {line}", running=running, exists=exists),
                            f"%ddp_pool {command} {line!r}")
         script = rng.choice(["x.py", "", "x", "a b.py", "\x00.py", "\ud800.py", "--slurm", "-n"])
-        last = rng.choice([None, "", random_line(rng), "-n 2 -- --lr 1"])
+        last = rng.choice([None, "", random_line(rng), "-n 2 -- --lr 1", "-n 2 'unclosed"])
+        line = rng.choice([line, "", "--slurm", "--partition p --time 5"])  # the last cell's options
         with_cell = rng.random() < 0.5
         what = f"%ddp_export {shlex.quote(script)} {line!r} (last cell's line {last!r})"
         got = _accepted_or_usage(lambda: rules.parse_export_line(f"{shlex.quote(script)} {line}", last, with_cell),

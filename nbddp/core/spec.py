@@ -860,7 +860,10 @@ def parse_export_line(line: str, last_line: str | None, with_cell: bool) -> tupl
         raise DDPUsageError("%ddp_export: no %%ddp cell has run yet; run one, or use "
                             "%%ddp_export SCRIPT.py [options] with the cell below")
     if not options or _only_slurm_job_options(words[1:]):
-        last = shlex.split(last_line)
+        try:
+            last = shlex.split(last_line)
+        except ValueError as exc:  # it ran, so it split; unless a caller gives another line
+            raise DDPUsageError(f"%ddp_export: cannot split the last cell's line: {exc}") from None
         cut = last.index("--") if "--" in last else len(last)
         options = shlex.join(last[:cut] + words[1:] + last[cut:])
     return path, options
