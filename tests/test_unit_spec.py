@@ -420,3 +420,14 @@ def test_a_pool_started_past_the_bound_runs_its_cells():
 def test_an_exported_script_under_the_home_folder_is_there_not_in_a_folder_named_tilde():
     assert parse_line("--export ~/job.py").export == str(Path.home() / "job.py")
     assert rules.parse_export_line("~/job.py -n 2", None, with_cell=True)[0] == str(Path.home() / "job.py")
+
+
+def test_the_cell_check_shows_no_warning_of_its_own(recwarn):
+    """Compiling the cell to check it (a top-level return) must not show its SyntaxWarnings a
+    second time in the notebook: each rank shows them, as Python would."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # as under pytest -W error: a warning would be raised
+        rules.check_cell("# %%ddp\nx = 1\nif x is 1:\n    pass\ny = '\\d'\n")
+    assert not [w for w in recwarn if issubclass(w.category, (SyntaxWarning, DeprecationWarning))]

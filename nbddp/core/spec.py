@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shlex
+import warnings
 from dataclasses import dataclass, field, replace
 
 from nbddp.core import capacity
@@ -709,7 +710,9 @@ def check_cell(source: str, who: str = "%%ddp", so: str = "so no rank was starte
     IPython) and that still fails the cell for papermill. Line numbers are the notebook
     cell's (the magic's own line is line 1 of ``source``)."""
     try:  # compiled, not just parsed: a top-level return, yield or await is refused here too
-        compile(source, "<%%ddp cell>", "exec", dont_inherit=True)
+        with warnings.catch_warnings():  # a SyntaxWarning ("is" with a literal) is each rank's to show
+            warnings.simplefilter("ignore")
+            compile(source, "<%%ddp cell>", "exec", dont_inherit=True)
     except ValueError as exc:  # a NUL in the source
         raise DDPUsageError(f"{who}: the cell cannot be compiled, {so}: {exc}") from None
     except SyntaxError as exc:
