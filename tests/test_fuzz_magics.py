@@ -1,6 +1,7 @@
 """A sample of the generated hostile lines (tests/test_unit_fuzz_input.py) through the real
 magics in a real kernel: ``%%ddp``, ``%ddp_pool`` and ``%ddp_export`` each answer a line the
-rules refuse with IPython's UsageError (one line, no traceback) and start no process.
+rules refuse with IPython's UsageError (one line, no traceback) and start no process; so does
+a cell with a top-level ``return``, ``yield`` or ``await`` (which failed on every rank).
 
 Only lines the pure rules refuse go to ``%%ddp`` and ``%ddp_pool start`` (a line they accept
 would launch); all of them go through the magics in one cell, so the sample costs one kernel
@@ -28,6 +29,8 @@ for kind, line in json.loads(%r):
     try:
         if kind == "ddp":
             get_ipython().run_cell_magic("ddp", line, "print('ran')")
+        elif kind == "cell":  # a cell every rank would refuse: top-level return, yield, await
+            get_ipython().run_cell_magic("ddp", "-n 2", line)
         elif kind == "pool":
             get_ipython().run_line_magic("ddp_pool", "start " + line)
         else:
@@ -66,6 +69,7 @@ def test_hostile_lines_through_the_real_magics_are_usage_errors_and_start_nothin
         line = random_line(rng)
         if _sendable(line) and _refused(line):
             lines.append((rng.choice(["ddp", "pool", "export"]), line))
+    lines += [("cell", "print('ran')\nreturn 1"), ("cell", "yield 2"), ("cell", "await f()")]
     k = Kernel(cwd=str(tmp_path))
     try:
         k.ok("%load_ext nbddp")
