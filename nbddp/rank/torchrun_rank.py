@@ -19,6 +19,7 @@ import time
 import traceback
 import types
 
+from nbddp.rank import cellsource
 from nbddp.rank import nostdin
 from nbddp.rank import stackwatch
 from nbddp.core.cellnames import name_cell
@@ -110,8 +111,7 @@ def main() -> None:
         _acknowledge_sigint(RankFiles(status_dir).sigint(rank))
     faulthandler.enable(file=sys.stderr, all_threads=True)
     nostdin.install()
-    with open(cell_path, encoding="utf-8") as f:
-        source = f.read()
+    source = cellsource.read(cell_path)  # nbddp's copy, not whatever the path names by now
     linecache.cache[cell_path] = (len(source), None, source.splitlines(True), cell_path)
     module = types.ModuleType("__main__")
     module.__file__ = cell_path
