@@ -208,9 +208,6 @@ if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
 """
 
 
-@pytest.mark.skipif("cellsource" not in open(os.path.join(os.path.dirname(__file__), "..", "nbddp", "rank",
-                                                              "torchrun_rank.py")).read(),
-                    reason="needs nbddp/rank/torchrun_rank.py to read the cell through nbddp/rank/cellsource.py")
 def test_a_torchrun_restart_runs_what_nbddp_wrote_not_what_the_path_names_now(kernel):
     """Issue #37 point 4: a file renamed over the script beside the notebook between two
     torchrun starts is not run; the restart runs the cell nbddp wrote (its copy in the 0700 log

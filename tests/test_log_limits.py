@@ -38,13 +38,30 @@ def test_a_launch_cap_cuts_every_log_past_it(tmp_path, monkeypatch):
     assert len(said) == 1 and "NBDDP_LOG_TOTAL_MB=0.5 MB" in said[0], said
 
 
+def test_a_cut_log_reads_whole_on_disk_after_each_flush(tmp_path, monkeypatch):
+    """A pool flushes its cell's logs when the cell ends (the log stays open for no one): the
+    file then already ends with the cut line and the tail, rewritten after the head each time."""
+    monkeypatch.setenv(ranklogs.RANK_MB_VAR, str(100_000 / 2**20))
+    log = ranklogs.RankLog(str(tmp_path / "rank0.stderr"), ranklogs.LogBudget(lambda text: None), "rank 0")
+    for i in range(3):
+        for j in range(2000):
+            log.write(f"{i} {j:05d} ".encode() + b"z" * 90 + b"\n")
+        log.flush()
+        text = (tmp_path / "rank0.stderr").read_bytes()
+        assert text.count(b"[nbddp: ") == 1 and text.endswith(f"{i} 01999 ".encode() + b"z" * 90 + b"\n")
+        assert len(text) <= 100_000 + ranklogs.TAIL + 200
+    log.close()
+    assert (tmp_path / "rank0.stderr").read_bytes() == text
+
+
 # ------------------------------------------------------------------- in a kernel
 @pytest.mark.kernel
-def test_a_runaway_log_keeps_its_head_a_cut_line_and_its_tail(kernel, tmp_path):
+@pytest.mark.parametrize("launcher", ["", "--launcher torchrun"])
+def test_a_runaway_log_keeps_its_head_a_cut_line_and_its_tail(kernel, tmp_path, launcher):
     logs = tmp_path / "logs"
     kernel.ok(f"import os; os.environ['{ranklogs.RANK_MB_VAR}'] = '0.25'")
     try:
-        reply = kernel.execute(f"%%ddp -n 2 --log-dir {logs} --output text\n" + LOUD, timeout=180)
+        reply = kernel.execute(f"%%ddp -n 2 --log-dir {logs} --output text {launcher}\n" + LOUD, timeout=180)
     finally:
         kernel.ok(f"del os.environ['{ranklogs.RANK_MB_VAR}']")
     assert reply.status == "ok", reply.text[-2000:]

@@ -41,7 +41,9 @@ class ForkRanks(Source):
     def _start(self) -> None:
         spec, log_dir = self.spec, self.log_dir
         self.use_spares = spares.usable(spec, pool_mode=False)
-        descriptors.fit(spec.world_size, len(spares.pids()) if self.use_spares else 0)  # before any line
+        # before any line is shown; spares (ready, or being forked now) counted at their most:
+        # RankProcs.start checks again with those it really takes
+        descriptors.fit(spec.world_size, spares.limit() if self.use_spares else 0)
         failed = write_private(self.log_copy, self.source_text if self.source_text is not None else
                                f"# nbddp ran the function {self.func['name']}\n")
         devices = placement.cuda_device_count()

@@ -4,8 +4,9 @@ A runaway print loop (or ``NCCL_DEBUG=INFO``) writes without end, and ``/tmp`` i
 several distributions, shared by every user of the machine. So each log file keeps at most
 ``NBDDP_LOG_RANK_MB`` (default 100) and a launch's logs together at most ``NBDDP_LOG_TOTAL_MB``
 (default 1000), as a notebook server caps a cell's output: past a cap a log keeps its head, then
-one line saying how much was cut and why, then its last 64 KB (kept in memory, written when the
-log closes: the traceback at the end is what the diagnosis reads). The views still show the
+one line saying how much was cut and why, then its last 64 KB (kept in memory, written after
+the head when the log is flushed or closed: the traceback at the end is what the diagnosis
+reads). The views still show the
 output live; only the file is bounded.
 
 A write that fails (``ENOSPC``, a quota, an I/O error) stops that log and nothing else: the
@@ -69,16 +70,19 @@ class LogBudget:
 
 class RankLog:
     """One log file (``rank3.stdout``): ``write``, ``flush``, ``close``, as a file, but bounded
-    and never raising."""
+    and never raising. Past a cap the file is its head, the cut line and the last bytes cut,
+    rewritten after the head at each ``flush`` and at ``close`` (so a pool's cell, whose logs are
+    flushed when it ends, reads whole on disk then)."""
 
     def __init__(self, path: str, budget: LogBudget, name: str):
         self.path, self.budget, self.name = path, budget, name
         self.folder = os.path.dirname(path)
         self.file = None
-        self.written = 0
-        self.cut = 0              # bytes not written (past a cap)
+        self.written = 0          # the head: bytes written before any cut
+        self.cut = 0              # bytes past a cap, not kept but their last TAIL
         self.why = ""             # the cap that cut it
-        self.tail = bytearray()   # the last TAIL bytes cut, written at close
+        self.tail = bytearray()   # the last TAIL bytes cut
+        self.stale = False        # the tail changed since it was last written
         self.broken = False       # a write failed: nothing more is written
         try:  # made anew and empty now (an earlier launch's in a reused --log-dir goes), held later
             open(path, "wb", opener=private).close()
@@ -88,7 +92,7 @@ class RankLog:
     def write(self, data: bytes) -> None:
         if self.broken or not data:
             return
-        n, why = self.budget.grant(self.folder, len(data), self.written)
+        n, why = (0, self.why) if self.cut else self.budget.grant(self.folder, len(data), self.written)
         if n and not self._put(data[:n]):
             return
         if n < len(data):
@@ -100,11 +104,16 @@ class RankLog:
             self.cut += len(data) - n
             self.tail += data[n:]
             del self.tail[:-TAIL]
+            self.stale = True
+
+    def _open(self) -> None:
+        if self.file is None:  # read-write, not appending: the tail is rewritten after the head
+            self.file = open(self.path, "r+b", opener=private)
+            self.file.seek(self.written)
 
     def _put(self, data: bytes) -> bool:
         try:
-            if self.file is None:
-                self.file = open(self.path, "ab", opener=private)
+            self._open()
             self.file.write(data)
         except (OSError, ValueError) as exc:
             self._fail(exc)
@@ -126,26 +135,28 @@ class RankLog:
             pass
         self.file = None
 
-    def flush(self) -> None:
-        if self.file is not None and not self.broken:
-            try:
+    def flush(self, tail: bool = True) -> None:
+        """The file on disk as it stands: its head, and past a cap the cut line and the tail
+        (``tail=False``: the head only, cheap enough to do after every read)."""
+        if self.broken:
+            return
+        try:
+            if self.stale and tail:
+                dropped = self.cut - len(self.tail)
+                marker = (f"\n[nbddp: {dropped} bytes of this log were cut here ({self.why}); "
+                          f"its last {len(self.tail)} bytes follow]\n").encode()
+                self._open()
+                self.file.seek(self.written)
+                self.file.write(marker + bytes(self.tail))
+                self.file.truncate()
+                self.stale = False
+            if self.file is not None:
                 self.file.flush()
-            except OSError as exc:
-                self._fail(exc)
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
 
     def close(self) -> None:
-        """Close the file; a log that was cut ends with what was cut and its last 64 KB."""
-        if self.cut and not self.broken:
-            dropped = self.cut - len(self.tail)
-            marker = (f"\n[nbddp: {dropped} bytes of this log were cut here ({self.why}); "
-                      f"its last {len(self.tail)} bytes follow]\n").encode()
-            try:
-                if self.file is None:
-                    self.file = open(self.path, "ab", opener=private)
-                self.file.write(marker + bytes(self.tail))
-            except (OSError, ValueError) as exc:
-                self._fail(exc)
-        self.cut, self.tail = 0, bytearray()
+        self.flush()
         if self.file is not None:
             try:
                 self.file.close()

@@ -82,19 +82,28 @@ class AgentProcess:
 
     # ---------------------------------------------------------------- reading
     def read(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for output and hand on every complete line."""
-        for key, _ in self._selector.select(timeout=timeout):
-            try:
-                data = os.read(key.fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                self._selector.unregister(key.fd)
-                del self._streams[key.fd]
-                continue
-            self._feed(key.data, data)
+        """Wait up to ``timeout`` for output and hand on every complete line; the logs it went
+        to are flushed (someone may be reading them)."""
+        got = [self._read_one(key) for key, _ in self._selector.select(timeout=timeout)]  # every one
+        if any(got):
+            for log in list(self.logs.values()) + [self._agent_log]:
+                if log is not None:
+                    log.flush(tail=False)
+
+    def _read_one(self, key) -> bool:
+        """One read from the agent's pipe; True if it brought output."""
+        try:
+            data = os.read(key.fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._selector.unregister(key.fd)
+            del self._streams[key.fd]
+            return False
+        self._feed(key.data, data)
+        return True
 
     def _feed(self, stream: str, data: bytes) -> None:
         data = self.buffers[stream] + data
@@ -112,7 +121,6 @@ class AgentProcess:
             if self._agent_log is None:
                 self._agent_log = ranklogs.RankLog(self.agent_log, self.budget, "torchrun")
             self._agent_log.write(line)
-            self._agent_log.flush()
             return
         rank = int(match.group(1))
         payload = line[match.end():]
@@ -120,8 +128,7 @@ class AgentProcess:
         if log is None:
             log = self.logs[(rank, stream)] = ranklogs.RankLog(RankFiles(self.log_dir).log(rank, stream),
                                                                self.budget, f"rank {rank}")
-        log.write(payload)
-        log.flush()
+        log.write(payload)  # (flushed when the agent has said all it had: read())
         self.on_output(rank, stream, payload)
 
     # ---------------------------------------------------------------- closing
