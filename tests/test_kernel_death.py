@@ -4,7 +4,9 @@ idle, mid-cell, right after a cell (spares being forked); with the forkserver st
 stuck in C code holding the GIL (its lifeline thread cannot run, as in torch's gloo teardown
 deadlock). Within 5 s no process of it is left (by pid: the forkserver, the resource tracker,
 spares, ranks, nbddp's watcher) and its temporary folder is empty: no ``pymp-*`` (multiprocess),
-no ``nbddp-*`` (logs), no empty ``torchinductor_*`` (torch's cache, made by the preload)."""
+no ``nbddp-*`` (logs, the ranks' private torch compile cache ``nbddp-inductor-*``). A child the
+kernel forked (``os.fork()``, a multiprocessing fork worker) and that outlives it changes none
+of that (nbddp/kernel/forkguard.py)."""
 import glob
 import os
 import secrets
