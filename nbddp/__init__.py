@@ -64,6 +64,11 @@ def _say_who_can_connect() -> None:
               f"--master-addr): {privnet.ENV}=0 before %load_ext gives them the machine's network")
         return
     why = privnet.unavailable()
+    if why and privnet.requested():  # NBDDP_PRIVATE_NET=1 by name: private or nothing
+        print(f"nbddp: {privnet.ENV}=1, but this machine gives this kernel's ranks no private network "
+              f"({why}): every launch will refuse to start; a new kernel with {privnet.ENV}=0 "
+              f"runs them on the machine's network")
+        return
     if why:
         print(f"nbddp: no private network for this kernel's ranks here ({why}): other users of "
               f"this machine can connect to each launch's rendezvous store and its ranks' gloo "

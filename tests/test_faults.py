@@ -489,18 +489,19 @@ def test_a_forkserver_that_ends_while_the_cells_ranks_start_is_replaced_and_the_
         k.shutdown()
 
 
-def test_a_rank_stuck_in_its_exit_after_its_cell_is_ended_with_its_own_result(kernel):
+def test_a_rank_stuck_in_its_exit_after_its_cell_is_killed_at_its_exit_grace(kernel):
     """The cell ran to its end on every rank, but rank 1's process does not exit (an atexit
-    handler that never returns, as torch's teardown can): at the idle warning nbddp says so in
-    one line and ends it, and the cell's result is its own: ok."""
-    reply = kernel.execute("%%ddp -n 2 --idle-warning 3 --timeout 60 --output text\n"
+    handler that never returns, as torch's teardown can): when --exit-grace runs out nbddp says so
+    in one line and kills it, and reports it killed, not ok (its exit was cut short)."""
+    reply = kernel.execute("%%ddp -n 2 --exit-grace 3 --timeout 60 --output text\n"
                            "import atexit, os, threading\n"
                            "if int(os.environ['RANK']) == 1:\n"
                            "    atexit.register(threading.Event().wait)\n"
                            "print('cell done')", timeout=60)
-    assert reply.status == "ok", reply.text
+    assert reply.status == "error", reply.text
     assert reply.stdout.count("cell done") == 2, reply.text
     assert "rank 1 finished its cell (exit code 0) but its process had not exited 3 s later" in reply.text, reply.text
+    assert "when --exit-grace ran out, so nbddp killed it" in reply.error["evalue"], reply.error
     assert reply.elapsed < 20, reply.elapsed
     assert_recovered(kernel, rank_pids(kernel))
 

@@ -22,6 +22,7 @@ from nbddp.rank import pushed
 from nbddp.rank import stackwatch
 from nbddp.rank import teardown
 from nbddp.rank import user_rendezvous
+from nbddp.core import exitstates
 from nbddp.core import job as rankjob
 from nbddp.core import messages as msg
 from nbddp.core.cellnames import name_cell
@@ -355,10 +356,8 @@ def _post_mortem(cell: Cell, exc: BaseException) -> None:
 def _exit_code(exc: SystemExit, ctl, cell_path: str) -> int:
     """As Python exits on SystemExit; a message (``sys.exit("fatal: ...")``) is printed and
     reported, so the failure names it."""
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code & 0xFF
+    if exc.code is None or isinstance(exc.code, int):
+        return exitstates.exit_status(exc.code)  # sys.exit(2**70) exits 255, not 0
     print(exc.code, file=sys.stderr)
     _send(ctl, (msg.EXCEPTION, {"type": "SystemExit", "message": str(exc.code), "traceback": "",
                               "cell_line": cell_line(_user_traceback(exc), cell_path)}))
