@@ -80,7 +80,18 @@ CASES = {
     "`--start-method spawn`, or a non-local `--master-addr`, with `NBDDP_PRIVATE_NET=1`": [
         lambda: rules.check_private_net(parse_line("--start-method spawn"), "NBDDP_PRIVATE_NET", True),
         lambda: rules.check_private_net(parse_line("--master-addr node0"), "NBDDP_PRIVATE_NET", False)],
-    "a syntax error in the cell": [lambda: rules.check_cell("# %%ddp -n 2\nx = 1\ny = (1,\n")],
+    "a syntax error in the cell (a top-level `return`, `yield` or `await` too)": [
+        lambda: rules.check_cell("# %%ddp -n 2\nx = 1\ny = (1,\n"), also(lambda: rules.check_cell("return 1\n")),
+        also(lambda: rules.check_cell("yield 1\n")), also(lambda: rules.check_cell("await f()\n"))],
+    "`-n 99999999999` (or more ranks than this machine runs: `-n 4000` on 2 cores)": [
+        lambda: parse_line("-n 99999999999"), also(lambda: parse_line(f"-n {64 * 1024}"))],
+    "`--master-addr 'node 0'` (or a label over 63 characters)": [
+        lambda: parse_line("--master-addr 'node 0'"), also(lambda: parse_line("--master-addr " + "a" * 64))],
+    "`--log-dir F`, F a file (or a folder this user cannot write, or one another user owns or can write)": [
+        lambda: parse_line(f"--log-dir {Path(__file__)}")],
+    '`nbddp.run(cell, master_port="29500")` (or `True`, `timeout="10"`, …)': [
+        lambda: nbddp.run("pass", master_port="29500"), also(lambda: nbddp.run("pass", master_port=True)),
+        also(lambda: nbddp.run("pass", timeout="10"))],
     "`-n 2 --pull x@5`": [lambda: parse_line("-n 2 --pull x@5")],
     "`--launcher torchrun --nnodes 2` (no meeting point) / `… --master-port P` without `--node-rank`": [
         lambda: parse_line("--launcher torchrun --nnodes 2"),
@@ -117,10 +128,11 @@ def test_each_row_raises_the_docs_message_as_a_value_error(row):
         first = message.split("\n")[0]
         generic = re.sub(r"MASTER_PORT \d+ is already", "MASTER_PORT P is already", first)
         generic = re.sub(r"cell line \d+", "cell line N", generic)
+        generic = re.sub(r"--log-dir \S+:", "--log-dir F:", generic)
         without_prefix = generic.removeprefix("%%ddp: ")
         if not getattr(call, "also", False):
             assert f"`UsageError: {generic}" in shown or f"`{without_prefix}`" in shown, (row, message)
-        if row != "a syntax error in the cell":
+        if not row.startswith("a syntax error in the cell"):
             assert "\n" not in message, message  # one line
 
 
