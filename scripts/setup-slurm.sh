@@ -79,9 +79,23 @@ elif [ -n "${1:-}" ]; then
   exit 2
 fi
 
+# The second simulated node's name resolves to this host too (an /etc/hosts line, added once): a
+# job whose first node is that one names it as its rendezvous host, as on a real cluster (where
+# a node's name is its host's); without it such a job's torchrun waited for a name nobody knows.
+name_second_node() {
+  local second a
+  second="$(hostname -s)-2"
+  getent hosts "$second" >/dev/null && return 0
+  a=$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR == 1 {print $1}')
+  if ! echo "${a:-127.0.0.1} $second  # nbddp scripts/setup-slurm.sh: the second simulated Slurm node" >>/etc/hosts; then
+    echo "setup-slurm.sh: cannot name $second in /etc/hosts; a job whose first node is $second cannot meet" >&2
+  fi
+}
+
 # (a configuration from before the daemons were bound to one address is replaced, when no job runs)
 if [ -f "$conf" ] && grep -q "nbddp one-machine" "$conf" \
     && { grep -q "NoInAddrAny" "$conf" || ! getent ahostsv4 "$(hostname)" >/dev/null; } && idle; then
+  if grep -q "^NodeName=$(hostname -s)-2 " "$conf"; then name_second_node; fi
   echo "slurm: already running ($(sinfo -h -N -o '%N %t' | tr '\n' ' '))"
   exit 0
 fi
@@ -166,8 +180,8 @@ write_conf() {
     echo "InactiveLimit=0"
     echo "SlurmdTimeout=60"
     if [ "$nodes" = 2 ]; then
-      # the first node is named as this host, so a job's first node name (its rendezvous host)
-      # resolves here; the second node's name is Slurm's only (Slurm reaches both at NodeAddr)
+      # the first node is named as this host, the second resolves through /etc/hosts
+      # (name_second_node), so a job's first node name (its rendezvous host) resolves here
       echo "NodeName=$host NodeHostname=localhost NodeAddr=$addr Port=17001 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
       echo "NodeName=$host-2 NodeHostname=localhost NodeAddr=$addr Port=17002 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
       echo "PartitionName=nbddp Nodes=$host,$host-2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
@@ -207,6 +221,7 @@ start() {
 
 stop_daemons
 if [ "$want_nodes" = 2 ] && start 2; then
+  name_second_node
   echo "slurm: two simulated nodes idle ($(sinfo -h -N -o '%N %t' | tr '\n' ' '))"
   exit 0
 fi

@@ -54,7 +54,7 @@ def test_sbatch_text_asks_for_the_cells_shape_and_runs_torchrun_per_node():
                  'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                  "export GREETING='hi there'", 'if [ -z "${PYTHON:-}" ]; then',
                  '--nnodes="$SLURM_NNODES" --nproc-per-node=4 --rdzv-backend=c10d '
-                 '--rdzv-endpoint="$head_node:$rdzv_port"',
+                 '--rdzv-endpoint="$head_node:$rdzv_port" --tee=3',
                  "  train.py --lr 0.5"):
         assert line in text.splitlines() or f"  {line} \\" in text, (line, text)
     assert "gpus-per-node" not in text  # a gloo cell asks for no GPUs
@@ -67,7 +67,7 @@ def test_sbatch_lines_win_over_ours_and_gpus_are_asked_for_nccl():
     assert sbatch_options(spec, "job") == ["--job-name=job", "--nodes=1", "--ntasks-per-node=1",
                                            "--gpus-per-node=4", "-c 16", "--qos=high", "--output=logs/%j.txt"]
     text = sbatch_text(parse_line("--slurm -n 2 --rdzv-timeout 60 --max-restarts 2 --launcher torchrun"), "a.py")
-    assert "RDZV_CONF_MORE=,join_timeout=60" in text.splitlines() and "--max-restarts=2 \\" in text
+    assert "RDZV_CONF_MORE=,join_timeout=60" in text.splitlines() and "--max-restarts=2 --tee=3 \\" in text
 
 
 @pytest.mark.kernel
@@ -313,3 +313,37 @@ def test_a_taken_rendezvous_port_stops_the_slurm_cell_in_one_line(job):
     assert f"the rendezvous port {port} on " in text and "is taken (Address already in use)" in text, text
     assert "the cell ran" not in reply.stdout
     assert not jobs_after_end()
+
+
+@pytest.mark.kernel
+@needs_slurm
+def test_the_exported_job_keeps_every_ranks_line_in_ten_runs(tmp_path):
+    """#37.15: the ranks of a node share srun's stream; under PYTHONUNBUFFERED (set by many images,
+    and passed on by sbatch) a print lands in pieces, and two ranks' pieces interleaved into lines
+    that matched neither rank. The job has torchrun copy each rank's output by lines (--tee=3). A
+    tiny job (two ranks that only print: no torch in them) run 10 times at once: every rank's
+    lines whole in every .out, every job exits 0. test_exported_sbatch_job_gives_each_rank_the_cells_output
+    runs the two-node job."""
+    import io
+    from nbddp.export import export_cell
+
+    if not HAVE_SLURM:
+        pytest.fail("CI=true but no Slurm answers: scripts/test.sh runs scripts/setup-slurm.sh")
+    n, lines = 1, 20  # the ranks of one node are where lines met; 10 torchruns, not 20, keep it cheap
+    export_cell(str(tmp_path / "tiny.py"), f"import os\nfor i in range({lines}):\n"
+                "    print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'line', i)\n",
+                "--slurm -n 2", out=io.StringIO())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env["PYTHONUNBUFFERED"] = "1"
+    start = time.monotonic()
+    runs = [subprocess.Popen(["sbatch", "--wait", f"--output=run{i}.out", "tiny.sbatch"], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT) for i in range(10)]
+    codes = [proc.wait(timeout=300) for proc in runs]
+    took = time.monotonic() - start
+    outs = [(tmp_path / f"run{i}.out").read_text() for i in range(10)]
+    assert codes == [0] * 10, (codes, outs)
+    want = sorted(f"[rank{r}]:rank {r} of {2 * n} line {i}" for r in range(2 * n) for i in range(lines))
+    for text in outs:
+        assert sorted(line for line in text.splitlines() if "rank " in line) == want, text
+    assert not jobs_after_end()
+    print(f"10 jobs in {took:.1f} s")

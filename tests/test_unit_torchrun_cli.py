@@ -98,10 +98,10 @@ def test_the_sbatch_job_runs_torchrun_with_the_jobs_node_count_and_endpoint():
     s = spec("--slurm --nnodes 2 -n 8 --max-restarts 1 --legacy-launch")
     text = sbatch_text(s, "train.py", python="/py")
     assert '  "$PYTHON" -m torch.distributed.launch \\' in text.splitlines()
-    assert f"  {SLURM_WORDS} --max-restarts=1 \\" in text.splitlines()
+    assert f"  {SLURM_WORDS} --max-restarts=1 --tee=3 \\" in text.splitlines()
     timed = sbatch_text(spec("--launcher torchrun --slurm --nnodes 2 -n 8 --rdzv-endpoint h:29400 --rdzv-timeout 29.2"), "train.py")
     assert '  "$PYTHON" -m torch.distributed.run \\' in timed.splitlines()
-    assert f"  {SLURM_WORDS} \\" in timed.splitlines()
+    assert f"  {SLURM_WORDS} --tee=3 \\" in timed.splitlines()
     assert "RDZV_CONF_MORE=,join_timeout=30" in timed.splitlines()
 
 

@@ -115,10 +115,14 @@ def sbatch_text(spec: LaunchSpec, script: str, line: str = "", python: str | Non
         out += ["", "# the cell's --env values (srun passes the environment to every node; this file is 0600)"]
         out += [f"export {key}={shlex.quote(value)}" for key, value in spec.env]
     tail = [shlex.quote(os.path.basename(script))] + [shlex.quote(arg) for arg in spec.script_args]
-    out += ["", "# one torchrun per node; it starts the node's ranks with torchrun's environment",
+    out += ["", "# one torchrun per node; it starts the node's ranks with torchrun's environment. --tee=3:",
+            "# torchrun copies each rank's output line by line, labelled [rankN]: (the ranks of a node",
+            "# share srun's stream, where an unbuffered print (PYTHONUNBUFFERED) lands in pieces)",
+            "export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'  # the global rank, as the notebook shows it",
             'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
             f'  bash -c {HOST_SWITCH} "$head_node" \\',
             f'  "$PYTHON" -m {torchrun_cli.module(spec)} \\',
-            "  " + " ".join(torchrun_cli.slurm_options(spec, '"$SLURM_NNODES"', '"$head_node:$rdzv_port"')) + " \\",
+            "  " + " ".join(torchrun_cli.slurm_options(spec, '"$SLURM_NNODES"', '"$head_node:$rdzv_port"')
+                            + ["--tee=3"]) + " \\",
             "  " + " ".join(tail), ""]
     return "\n".join(out)
