@@ -71,6 +71,9 @@ def test_a_runaway_log_keeps_its_head_a_cut_line_and_its_tail(kernel, tmp_path, 
     assert out.count(b"[nbddp: ") == 1 and b"NBDDP_LOG_RANK_MB=0.25 MB a log" in out
     assert (logs / "rank1.stderr").read_text() == "RuntimeError: the last words\n"
     assert reply.text.count("log reached its cap") == 1, reply.text[-3000:]
+    copies = list(logs.rglob("stdout.log"))  # torchrun's own (--tee): cut once it has ended
+    assert bool(copies) == bool(launcher) and all(p.stat().st_size <= (1 << 18) + 200 for p in copies), \
+        [(p, p.stat().st_size) for p in copies]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tiny tmpfs (needs root)")

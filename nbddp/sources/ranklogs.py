@@ -163,3 +163,30 @@ class RankLog:
             except OSError as exc:
                 self._fail(exc)
             self.file = None
+
+
+def trim_copies(folder: str, budget: LogBudget) -> None:
+    """torchrun's own copies of each rank's output (``--tee`` writes them under its
+    ``--log-dir``: ``attempt_N/R/stdout.log``) cannot be capped while it runs; once it has
+    ended, each copy longer than the cap per log keeps its head, cut where nbddp's own log was
+    (that one keeps the tail as well). Never through a link."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            if name not in ("stdout.log", "stderr.log"):
+                continue
+            path = os.path.join(root, name)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                if size > budget.per_log:
+                    os.ftruncate(fd, budget.per_log)
+                    os.lseek(fd, 0, os.SEEK_END)
+                    os.write(fd, f"\n[nbddp: {size - budget.per_log} bytes of torchrun's copy were cut "
+                                 f"here ({RANK_MB_VAR}); nbddp's rank log has the end]\n".encode())
+            except OSError:
+                pass
+            finally:
+                os.close(fd)

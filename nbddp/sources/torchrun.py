@@ -36,6 +36,7 @@ from nbddp.core.envvars import legacy_flag
 from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, write_private
 from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
 from nbddp.core.spec import LaunchSpec
+from nbddp.sources import ranklogs
 from nbddp.sources.supervisor import Source, Supervisor
 from nbddp.sources.torchrun_agent import PREFIX_TEMPLATE, AgentProcess, killpg, launched_by
 from nbddp.sources.torchrun_ranks import TorchrunRanks
@@ -211,6 +212,7 @@ class ElasticLaunch(Source):
             agent.signal_group(signal.SIGKILL)  # anything torchrun's session left behind
         if agent is not None:
             agent.close_logs()
+            ranklogs.trim_copies(os.path.join(self.result.log_dir, "torchrun"), agent.budget)
         cellscript.remove(self.script)  # every rank has ended
 
     @property
