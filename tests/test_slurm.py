@@ -54,8 +54,8 @@ def test_sbatch_text_asks_for_the_cells_shape_and_runs_torchrun_per_node():
                  'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
                  "export GREETING='hi there'", 'if [ -z "${PYTHON:-}" ]; then',
                  '--nnodes="$SLURM_NNODES" --nproc-per-node=4 --rdzv-backend=c10d '
-                 '--rdzv-endpoint="$head_node:$rdzv_port" --tee=3',
-                 "  train.py --lr 0.5"):
+                 '--rdzv-endpoint="$head_node:$rdzv_port" --tee=3 --no-python',
+                 '  "$PYTHON" -c "$run_by_lines" train.py --lr 0.5'):
         assert line in text.splitlines() or f"  {line} \\" in text, (line, text)
     assert "gpus-per-node" not in text  # a gloo cell asks for no GPUs
     assert 'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1' in text
@@ -67,7 +67,7 @@ def test_sbatch_lines_win_over_ours_and_gpus_are_asked_for_nccl():
     assert sbatch_options(spec, "job") == ["--job-name=job", "--nodes=1", "--ntasks-per-node=1",
                                            "--gpus-per-node=4", "-c 16", "--qos=high", "--output=logs/%j.txt"]
     text = sbatch_text(parse_line("--slurm -n 2 --rdzv-timeout 60 --max-restarts 2 --launcher torchrun"), "a.py")
-    assert "RDZV_CONF_MORE=,join_timeout=60" in text.splitlines() and "--max-restarts=2 --tee=3 \\" in text
+    assert "RDZV_CONF_MORE=,join_timeout=60" in text.splitlines() and "--max-restarts=2 --tee=3 --no-python \\" in text
 
 
 @pytest.mark.kernel
@@ -329,7 +329,7 @@ def test_the_exported_job_keeps_every_ranks_line_in_ten_runs(tmp_path):
 
     if not HAVE_SLURM:
         pytest.fail("CI=true but no Slurm answers: scripts/test.sh runs scripts/setup-slurm.sh")
-    n, lines = 1, 20  # the ranks of one node are where lines met; 10 torchruns, not 20, keep it cheap
+    n, lines = 1, 100  # the ranks of one node are where lines met; 10 torchruns, not 20, keep it cheap
     export_cell(str(tmp_path / "tiny.py"), f"import os\nfor i in range({lines}):\n"
                 "    print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'line', i)\n",
                 "--slurm -n 2", out=io.StringIO())

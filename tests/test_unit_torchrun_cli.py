@@ -101,7 +101,8 @@ def test_the_sbatch_job_runs_torchrun_with_the_jobs_node_count_and_endpoint():
     assert f"  {SLURM_WORDS} --max-restarts=1 --tee=3 \\" in text.splitlines()
     timed = sbatch_text(spec("--launcher torchrun --slurm --nnodes 2 -n 8 --rdzv-endpoint h:29400 --rdzv-timeout 29.2"), "train.py")
     assert '  "$PYTHON" -m torch.distributed.run \\' in timed.splitlines()
-    assert f"  {SLURM_WORDS} --tee=3 \\" in timed.splitlines()
+    assert f"  {SLURM_WORDS} --tee=3 --no-python \\" in timed.splitlines()
+    assert '  "$PYTHON" -c "$run_by_lines" train.py' in timed.splitlines()
     assert "RDZV_CONF_MORE=,join_timeout=30" in timed.splitlines()
 
 

@@ -3,8 +3,11 @@
 A thin variant of the torchrun launcher (nbddp/sources/torchrun.py): the agent command becomes
 ``srun ... bash slurm-node.sh``, where each Slurm task (one per node) starts
 ``python -m torch.distributed.run`` for its node's ranks, meeting at a c10d rendezvous on the
-step's first node. srun carries every node's ``[rankN]:`` lines back to the kernel, so the live
-display, ``_ddp``, the per-rank errors and ``--timeout`` are the torchrun launcher's.
+step's first node, which hosts its store, under a random id and at a random port (``--master-port``
+chooses it): nothing ``squeue`` shows derives either (issue #37.1). srun carries every node's
+``[rankN]:`` lines back to the kernel, so the live display, ``_ddp``, the per-rank errors and
+``--timeout`` are the torchrun launcher's. srun gets the kernel's environment without the
+JupyterHub token (nbddp/core/envvars.py inherited).
 
 Inside an allocation (``salloc``, or a notebook running in a batch job: ``SLURM_JOB_ID`` is set)
 the cell is a job step; elsewhere srun asks for a new job. The supervisor (nbddp/sources/supervisor.py)
@@ -52,7 +55,7 @@ head_node=$(scontrol show hostnames "${{SLURM_STEP_NODELIST:-$SLURM_JOB_NODELIST
 rdzv_port={port}
 export PET_RDZV_ID={rdzv_id}
 if [ "$SLURMD_NODENAME" = "$head_node" ]; then
-  {python} -c {port_check} "$rdzv_port" {hint} > /dev/null
+  {python} -I -c {port_check} "$rdzv_port" {hint} > /dev/null
   export PET_RDZV_CONF={conf_host}
 else
   export PET_RDZV_CONF={conf_join}

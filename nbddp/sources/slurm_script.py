@@ -66,7 +66,7 @@ def interpreter_lines(python: str) -> list[str]:
             "fi"]
 
 
-# Run as ``python -c PORT_CHECK PORT HINT`` on the node that hosts the rendezvous store: prints
+# Run as ``python -I -c PORT_CHECK PORT HINT`` on the node that hosts the rendezvous store: prints
 # PORT (a free one for 0) if nothing listens there now, else says so in one line and exits 1.
 PORT_CHECK = ('import socket, sys\n'
               'port = int(sys.argv[1])\n'
@@ -83,6 +83,26 @@ PORT_CHECK = ('import socket, sys\n'
 # others only join it; "$0" is the head node's name, the rest is torchrun's command line.
 HOST_SWITCH = ("'if [ \"$SLURMD_NODENAME\" = \"$0\" ]; then is_host=true; else is_host=false; fi\n"
                "  PET_RDZV_CONF=\"is_host=$is_host$RDZV_CONF_MORE\" exec \"$@\"'")
+
+# Each rank runs the script through these lines: its stdout and stderr line-buffered, so each
+# line is one write. The ranks of a node share srun's stream; a print written in pieces (always so
+# under PYTHONUNBUFFERED, which sbatch passes on; at 8 KiB block boundaries otherwise) met another
+# rank's pieces in one line (issue #37.15). The rest is ``python SCRIPT ARGS``: argv, sys.path[0],
+# __main__ and __file__ as then, the script's frames in tracebacks under its own name.
+RUN_BY_LINES = ('import os, sys\n'
+                'for stream in (sys.stdout, sys.stderr):\n'
+                '    stream.reconfigure(line_buffering=True, write_through=False)\n'
+                'sys.argv = sys.argv[1:]\n'
+                'sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))\n'
+                '__file__ = sys.argv[0]\n'
+                'with open(__file__, "rb") as stream:\n'
+                '    code = compile(stream.read(), __file__, "exec")\n'
+                'del os, sys, stream\n'
+                'exec(globals().pop("code"), globals())\n')
+LINE_NOTE = ["# Each rank's output reaches the job's as whole lines: the ranks run the script with their",
+             "# output line-buffered (run_by_lines: else a print written in pieces, as under",
+             "# PYTHONUNBUFFERED, can meet another rank's in one line), and torchrun copies it labelled",
+             "# [rankN]: (--tee=3)."]
 
 RANDOM_ID = "$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')"
 
@@ -103,7 +123,7 @@ def sbatch_text(spec: LaunchSpec, script: str, line: str = "", python: str | Non
             "# port free there now (RDZV_PORT=... sbatch chooses it), under a random id given in torchrun's",
             "# environment, which `ps` does not show other users. Nothing squeue shows derives either.",
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            f'rdzv_port=$("$PYTHON" -c {shlex.quote(PORT_CHECK)} "${{RDZV_PORT:-{port}}}" \\',
+            f'rdzv_port=$("$PYTHON" -I -c {shlex.quote(PORT_CHECK)} "${{RDZV_PORT:-{port}}}" \\',
             "  'choose another with RDZV_PORT=... sbatch, or leave RDZV_PORT unset for a free one')",
             f"PET_RDZV_ID={RANDOM_ID}",
             f"RDZV_CONF_MORE={torchrun_cli.conf_tail(spec)}",
@@ -115,14 +135,15 @@ def sbatch_text(spec: LaunchSpec, script: str, line: str = "", python: str | Non
         out += ["", "# the cell's --env values (srun passes the environment to every node; this file is 0600)"]
         out += [f"export {key}={shlex.quote(value)}" for key, value in spec.env]
     tail = [shlex.quote(os.path.basename(script))] + [shlex.quote(arg) for arg in spec.script_args]
-    out += ["", "# one torchrun per node; it starts the node's ranks with torchrun's environment. --tee=3:",
-            "# torchrun copies each rank's output line by line, labelled [rankN]: (the ranks of a node",
-            "# share srun's stream, where an unbuffered print (PYTHONUNBUFFERED) lands in pieces)",
-            "export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'  # the global rank, as the notebook shows it",
+    out += ["", "# one torchrun per node; it starts the node's ranks with torchrun's environment"]
+    lines = spec.legacy_launch is None  # torch.distributed.launch puts --local-rank first: run plainly
+    if lines:
+        out += LINE_NOTE + [f"run_by_lines={shlex.quote(RUN_BY_LINES)}"]
+    out += ["export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'  # the global rank, as the notebook shows it",
             'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
             f'  bash -c {HOST_SWITCH} "$head_node" \\',
             f'  "$PYTHON" -m {torchrun_cli.module(spec)} \\',
             "  " + " ".join(torchrun_cli.slurm_options(spec, '"$SLURM_NNODES"', '"$head_node:$rdzv_port"')
-                            + ["--tee=3"]) + " \\",
-            "  " + " ".join(tail), ""]
+                            + ["--tee=3"] + (["--no-python"] if lines else [])) + " \\",
+            "  " + " ".join((['"$PYTHON" -c "$run_by_lines"'] if lines else []) + tail), ""]
     return "\n".join(out)
