@@ -84,7 +84,7 @@ def test_exported_script_gives_the_cells_output_under_torchrun(job, tmp_path):
     reply = kernel.ok("%%ddp -n 2 --env GREETING=hi --export job.py -- --lr 0.5\n" + CELL, timeout=120)
     assert "nbddp: wrote job.py; run it with torchrun:" in reply.stdout, reply.text
     in_cell = json.loads(kernel.ok("import json; print(json.dumps([r.stdout for r in _ddp.ranks]))").stdout)
-    assert "sum 3.0" in in_cell[0] and "argv ['--lr', '0.5'] name __main__ greeting hi" in in_cell[1], in_cell
+    assert "sum 3.0" in in_cell[0] and "argv ['--lr', '0.5'] name __main__ greeting hi hub None" in in_cell[1], in_cell
     [shown] = printed_commands(reply.stdout)  # --env values masked in the notebook, in the 0600 script
     assert shown == "GREETING=*** torchrun --nnodes=1 --nproc-per-node=2 --standalone job.py --lr 0.5", shown
     command = shown.replace("***", "hi")

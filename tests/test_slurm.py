@@ -189,6 +189,7 @@ def test_exported_sbatch_job_gives_each_rank_the_cells_output(job, tmp_path):
         reply = kernel.ok("%ddp_export two.py --slurm")
         assert "#SBATCH --nodes=2" in (folder / "two.sbatch").read_text()
     assert "rank 1 local 1 group 0 world 2 sum 3.0 omp 1" in expected["one"][1], expected
+    assert "greeting hi hub None" in expected["one"][1], expected  # the kernel's hub token stays out
     assert not two or "rank 1 local 0 group 1 world 2 sum 3.0 omp None" in expected["two"][1], expected
     runs = {name: submit(folder, name, tmp_path / name) for name in expected}
     for name, proc in runs.items():
@@ -208,7 +209,7 @@ def test_a_slurm_cell_runs_on_every_node(job):
     assert "Slurm: srun + torchrun per node" in reply.stdout, reply.text
     for r in range(n):
         assert f"[rank{r}]:rank {r} local 0 group {r} world {n} sum {n * (n + 1) / 2}" in reply.stdout, reply.text
-        assert f"[rank{r}]:argv ['--lr', '1'] name __main__" in reply.stdout, reply.text
+        assert f"[rank{r}]:argv ['--lr', '1'] name __main__ greeting None hub None" in reply.stdout, reply.text
     outputs = in_cell(kernel)
     assert len({line for out in outputs for line in out.splitlines() if line.startswith("node ")}) == n, outputs
     assert not jobs_after_end()
