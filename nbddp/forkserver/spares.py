@@ -25,6 +25,7 @@ from nbddp.core import job as rankjob
 from nbddp.core import messages as msg
 from nbddp.forkserver import preload
 from nbddp.forkserver import starter
+from nbddp.kernel import forkguard
 from nbddp.rank import worker
 
 DEFAULT_LIMIT = 8
@@ -60,6 +61,9 @@ class Plumbing:
                 except OSError:
                     pass
             raise
+        # a child the kernel forks (os.fork(), multiprocessing's fork workers) must not keep
+        # the lifeline's write end or the rank's pipes open after the kernel dies
+        forkguard.hold(self.out_r, self.err_r, self.life_w, self.ctl.fileno(), self.job_w.fileno())
         self._child_ends = [Connection(out_w, readable=False), Connection(err_w, readable=False),
                             Connection(life_r, writable=False), ctl_w, job_r]
         pipes = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends))

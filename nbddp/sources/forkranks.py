@@ -107,14 +107,15 @@ class ForkRanks(Source):
     def end_lingering(self, limit: float) -> None:
         """A rank whose cell finished but whose process has not exited ``limit`` s later is
         stuck in its exit (torch's teardown, a thread, an atexit handler): say so in one line
-        and end it; its result is its cell's own (torchrun would wait forever)."""
+        and end it; it is reported killed (nbddp/core/exitstates.py: killed_in_its_exit), since
+        its exit was cut short (torchrun would wait forever)."""
         now = time.monotonic()
         for rank in self.procs.ranks:
             if rank.alive and rank.finished and not rank.lingered and now - rank.finished[1] > limit:
                 rank.lingered = True
                 self.note(f"rank {rank.result.rank} finished its cell (exit code {rank.finished[0]}) "
-                          f"but its process had not exited {limit:.0f} s later (stuck in its exit: "
-                          "torch's teardown, a thread or an atexit handler); nbddp ended it")
+                          f"but its process had not exited {limit:.0f} s later (--exit-grace; stuck in "
+                          "its exit: torch's teardown, a thread or an atexit handler); nbddp ended it")
                 self.procs.kill_rank(rank)
 
     def handling(self) -> list[int]:
