@@ -128,11 +128,12 @@ def test_legacy_cell_exports_for_torch_distributed_launch(job, tmp_path):
 
 
 def test_legacy_cell_under_the_torchrun_launcher_gets_local_rank_in_argv(job):
+    """... and, as every launcher's ranks, not the hub's API token the kernel has (#37.5)."""
     kernel, _ = job
-    reply = kernel.ok("%%ddp --launcher torchrun -n 2 --legacy-launch\nimport sys\nprint('argv', sys.argv[1:])\n",
-                      timeout=180)
+    reply = kernel.ok("%%ddp --launcher torchrun -n 2 --legacy-launch\nimport os, sys\n"
+                      "print('argv', sys.argv[1:], 'hub', os.environ.get('JUPYTERHUB_API_TOKEN'))\n", timeout=180)
     for r in (0, 1):
-        assert f"[rank{r}]:argv ['--local-rank={r}']" in reply.stdout, reply.text
+        assert f"[rank{r}]:argv ['--local-rank={r}'] hub None" in reply.stdout, reply.text
 
 
 def test_bad_exports_are_usage_errors(job):

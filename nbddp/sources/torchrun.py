@@ -25,6 +25,7 @@ import sys
 import time
 
 from nbddp.kernel import cellscript
+from nbddp.core import envvars
 from nbddp.core import diagnosis
 from nbddp.core import placement
 from nbddp.core import torchrun_cli
@@ -117,7 +118,7 @@ class ElasticLaunch(Source):
         self.ranks = TorchrunRanks(self.result, self.status_dir, spec.nproc_per_node, self._emit, self.note)
         for rank, local, node in self.expected_ranks():
             self.ranks.get(rank, local, node)
-        env = dict(self.base_env)
+        env = envvars.inherited(self.base_env, spec)  # not the hub's token, unless --env gives it
         env.update(dict(self.placement.env))
         env.update(dict(spec.env))
         env[PREFIX_VAR] = PREFIX_TEMPLATE
