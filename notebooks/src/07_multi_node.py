@@ -131,15 +131,18 @@ print(script[-600:])
 # ## 4 · The same cell under Slurm
 # Most clusters run jobs through Slurm. `--slurm` also writes a batch job next to the script: one task per
 # node (`--ntasks-per-node=1`), each task a torchrun that starts the node's ranks, all meeting at a c10d
-# rendezvous on the job's first node (`scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1`) with the
-# job id as rendezvous id. `%ddp_export` without a cell exports the last `%%ddp` cell: section 2's.
+# rendezvous on the job's first node (`scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1`), which hosts
+# the store (`is_host=true` there), under a random rendezvous id per job (`PET_RDZV_ID`, in torchrun's
+# environment): the job id, which `squeue` shows every user, would let anyone on the cluster find the store
+# and write to it. `%ddp_export` without a cell exports the last `%%ddp` cell: section 2's.
 
 # %% same-cell-under-slurm-code
 # %ddp_export runs/07/train_slurm.py --slurm --nnodes $nnodes --nproc-per-node $nproc_per_node --time 00:10:00
 
 # %% same-cell-under-slurm-code-2
 job = open("runs/07/train_slurm.sbatch").read()
-assert f"#SBATCH --nodes={nnodes}" in job and "srun " in job and '--rdzv-id="$SLURM_JOB_ID"' in job
+assert f"#SBATCH --nodes={nnodes}" in job and "srun " in job and "PET_RDZV_ID=" in job and "is_host=" in job
+assert "SLURM_JOB_ID" not in job, "the rendezvous must not come from the job id, which squeue shows every user"
 print(job)
 
 # %% same-cell-under-slurm-note [markdown]
