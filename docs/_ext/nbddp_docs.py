@@ -33,7 +33,7 @@ MORE = {
     "timeout": "/howto/troubleshooting", "idle_warning": "/howto/troubleshooting",
     "legacy_launch": "/howto/cluster", "start_method": "/explanation/performance",
     "output": "/explanation/display", "same_lines": "/explanation/display", "ranks_shown": "/howto/pools",
-    "log_dir": "/explanation/reliability", "launcher": "/howto/cluster", "rdzv_endpoint": "/howto/cluster",
+    "log_dir": "/explanation/security", "launcher": "/howto/cluster", "rdzv_endpoint": "/howto/cluster",
     "rdzv_backend": "/howto/cluster", "rdzv_id": "/howto/cluster", "max_restarts": "/howto/cluster",
     "rdzv_timeout": "/howto/cluster", "fresh": "/howto/pools", "push": "/howto/pools", "pull": "/howto/pools",
     "pdb": "/howto/debugging", "export": "/howto/cluster", "slurm": "/howto/cluster",
