@@ -34,7 +34,7 @@ def _wrap(owner, name, label):
 # them up (a name imported into a module is wrapped there). tests/test_unit_benchmarks.py checks
 # that each still exists, so a renamed step fails a test instead of the benchmark's profile.
 STEPS = [
-    ("nbddp.core.spec", None, "check_cell", "compile"),
+    ("nbddp.core.launchrules", None, "check_cell", "compile"),
     ("nbddp.views.choose", None, "make_sinks", "sinks"),
     ("nbddp.sources.forkranks", None, "host_for", "store"),
     ("nbddp.sources.local", None, "new_log_dir", "logdir"),

@@ -8,7 +8,8 @@ from nbddp.api import run
 from nbddp.sources.pool import Pool
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.result import DDPError, DDPTimeout, RankResult, RunResult
-from nbddp.core.spec import LaunchSpec, make_spec, parse_line
+from nbddp.core.launchrules import make_spec, parse_line
+from nbddp.core.spec import LaunchSpec
 
 __all__ = ["run", "backend", "can_answer", "Pool", "DDPError", "DDPTimeout", "DDPUsageError", "RankResult", "RunResult", "LaunchSpec", "make_spec",
            "parse_line", "load_ipython_extension", "unload_ipython_extension"]

@@ -2,7 +2,7 @@
 
 Every launch comes through here, from ``%%ddp`` (nbddp/magic.py parses its line and calls
 ``run``), from ``nbddp.Pool.run`` and from scripts and tests: the options become a LaunchSpec and
-every rule is checked (nbddp/core/spec.py: a DDPUsageError, a ValueError, before anything
+every rule is checked (nbddp/core/launchrules.py: a DDPUsageError, a ValueError, before anything
 starts); ``spec.choose_source`` picks the process source from ``SOURCES``, the one table (fresh
 local ranks, the running pool, torchrun's agent, Slurm); the sinks are built once
 (nbddp/views/choose.py); the RunResult comes back."""
@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from nbddp.core import placement
-from nbddp.core import spec as rules
+from nbddp.core import launchrules as rules
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.result import RunResult
 from nbddp.core.spec import LaunchSpec

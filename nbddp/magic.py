@@ -1,5 +1,5 @@
 """The IPython side: ``%%ddp``, ``%ddp_pool`` and ``%ddp_export``. Each parses its line
-(nbddp/core/spec.py), calls the API (nbddp/api.py: ``run``, ``Pool``, nbddp/export.py), stores
+(nbddp/core/launchrules.py, nbddp/core/linecommands.py), calls the API (nbddp/api.py: ``run``, ``Pool``, nbddp/export.py), stores
 the result as ``_ddp``, moves ``--push``/``--pull`` values, and raises: a rank's failure as
 DDPError, bad input as IPython's UsageError (one line; the only place nbddp raises it)."""
 from __future__ import annotations
@@ -17,7 +17,9 @@ from nbddp.sources import supervisor
 from nbddp.core.cellnames import cell_label
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.result import Interrupted
-from nbddp.core.spec import LaunchSpec, parse_export_line, parse_line, parse_pool_line
+from nbddp.core.launchrules import parse_line
+from nbddp.core.linecommands import parse_export_line, parse_pool_line
+from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState
 
 

@@ -67,7 +67,7 @@ def test_the_architecture_page_names_every_module():
 
 def test_the_options_table_is_made_from_every_option_of_the_parser():
     import nbddp_docs
-    from nbddp.core.spec import build_parser
+    from nbddp.core.launchrules import build_parser
 
     parser = build_parser()
     rows = nbddp_docs.option_rows(parser)
@@ -138,11 +138,11 @@ def text_of(path: Path) -> str:
 
 @pytest.mark.kernel
 def test_every_option_of_the_parser_is_on_the_options_page(site):
-    from nbddp.core import spec
+    from nbddp.core import launchrules
 
     page = site / "reference" / "options.html"
     text = text_of(page)
-    parser = spec.build_parser()
+    parser = launchrules.build_parser()
     missing = [s for s in parser._option_string_actions if not re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", text)]
     assert not missing, f"options the parser knows but {page.name} does not show: {missing}"
     for action in parser._actions:

@@ -144,7 +144,7 @@ def test_bad_exports_are_usage_errors(job):
         reply = kernel.execute(code)
         assert reply.status == "error" and "UsageError" in reply.stderr, (code, reply.text)
         assert words in reply.stderr and reply.stderr.count("\n") == 1, (code, reply.stderr)
-    # a syntax error is said as %%ddp says it (nbddp/core/spec.py check_cell), with the notebook's line
+    # a syntax error is said as %%ddp says it (nbddp/core/launchrules.py check_cell), with the notebook's line
     reply = kernel.execute("%%ddp_export broken.py -n 2\nif True print(1)\n")
     assert reply.status == "error", reply.text
     assert reply.stderr.startswith("UsageError: %ddp_export: cell line 2 has a syntax error, so nothing was "

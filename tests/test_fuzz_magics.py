@@ -17,7 +17,7 @@ from kernel import Kernel
 from test_unit_fuzz_input import SEED, random_line
 
 from nbddp import DDPUsageError
-from nbddp.core import spec as rules
+from nbddp.core import launchrules as rules
 
 SAMPLE = 150
 

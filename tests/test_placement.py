@@ -4,7 +4,7 @@ from nbddp import DDPUsageError
 
 from nbddp.core import placement
 from nbddp.core.envvars import rank_env
-from nbddp.core.spec import parse_line
+from nbddp.core.launchrules import parse_line
 
 
 def spec(line):

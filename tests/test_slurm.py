@@ -14,7 +14,7 @@ from nbddp import DDPUsageError
 from helpers import alive, wait_until
 from kernel import Kernel
 from nbddp.sources.slurm_script import sbatch_options, sbatch_text
-from nbddp.core.spec import parse_line
+from nbddp.core.launchrules import parse_line
 
 def slurm_answers() -> bool:
     """sinfo exists and its controller answers (installed but stopped, e.g. after

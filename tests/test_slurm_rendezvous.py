@@ -16,7 +16,7 @@ import time
 import pytest
 
 from nbddp.core import torchrun_cli
-from nbddp.core.spec import parse_line
+from nbddp.core.launchrules import parse_line
 from nbddp.sources.slurm import SlurmLaunch, node_script_text
 from nbddp.sources.slurm_script import sbatch_text
 

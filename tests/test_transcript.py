@@ -4,7 +4,7 @@ import re
 
 from nbddp.views import transcript
 from nbddp.core.result import FAILED, OK, RankResult, RunResult
-from nbddp.core.spec import make_spec
+from nbddp.core.launchrules import make_spec
 
 
 def _result(n, states=None, log_dir="/tmp/logs"):

@@ -19,7 +19,9 @@ import psutil
 import pytest
 
 from nbddp import DDPUsageError
-from nbddp.core import spec as rules
+from nbddp.core import launchrules as rules
+from nbddp.core import linecommands
+from nbddp.core.spec import LaunchSpec
 
 SEED = int(os.environ.get("NBDDP_FUZZ_SEED", "37"))
 CASES = int(os.environ.get("NBDDP_FUZZ_CASES", "3000"))
@@ -113,7 +115,7 @@ def test_random_ddp_lines_parse_or_are_refused_in_one_line(capsys):
         what = f"%%ddp {line!r}"
         spec = _accepted_or_usage(lambda: rules.parse_line(line), what)
         _source_for(spec, what)
-        shape = rules.LaunchSpec(nproc_per_node=2)  # a running pool's
+        shape = LaunchSpec(nproc_per_node=2)  # a running pool's
         _source_for(_accepted_or_usage(lambda: rules.parse_line(line, shape=shape), what), what)
     capsys.readouterr()  # -h printed the help
 
@@ -122,16 +124,16 @@ def test_random_pool_and_export_lines_parse_or_are_refused_in_one_line(capsys):
     rng = random.Random(SEED + 1)
     for _ in range(CASES // 2):
         line = random_line(rng)
-        command = rng.choice(rules.POOL_COMMANDS + ("", "go", "start", "restart"))
+        command = rng.choice(linecommands.POOL_COMMANDS + ("", "go", "start", "restart"))
         running, exists = rng.random() < 0.5, rng.random() < 0.5
-        _accepted_or_usage(lambda: rules.parse_pool_line(f"{command} {line}", running=running, exists=exists),
+        _accepted_or_usage(lambda: linecommands.parse_pool_line(f"{command} {line}", running=running, exists=exists),
                            f"%ddp_pool {command} {line!r}")
         script = rng.choice(["x.py", "", "x", "a b.py", "\x00.py", "\ud800.py", "--slurm", "-n"])
         last = rng.choice([None, "", random_line(rng), "-n 2 -- --lr 1", "-n 2 'unclosed"])
         line = rng.choice([line, "", "--slurm", "--partition p --time 5"])  # the last cell's options
         with_cell = rng.random() < 0.5
         what = f"%ddp_export {shlex.quote(script)} {line!r} (last cell's line {last!r})"
-        got = _accepted_or_usage(lambda: rules.parse_export_line(f"{shlex.quote(script)} {line}", last, with_cell),
+        got = _accepted_or_usage(lambda: linecommands.parse_export_line(f"{shlex.quote(script)} {line}", last, with_cell),
                                  what)
         if got is not None:
             _source_for(_accepted_or_usage(lambda: rules.parse_line(got[1]), what), what)
@@ -166,6 +168,6 @@ def test_random_run_arguments_are_accepted_or_refused_in_one_line():
 def test_export_script_names_that_cannot_be_files_are_refused():
     for name in ("x\x00.py", "\udc80.py", "\ud800.py"):
         with pytest.raises(DDPUsageError, match="not a file name"):
-            rules.parse_export_line(shlex.quote(name) + " -n 2", None, with_cell=True)
+            linecommands.parse_export_line(shlex.quote(name) + " -n 2", None, with_cell=True)
         with pytest.raises(DDPUsageError, match="NUL|surrogate"):
             rules.parse_line(f"--export {shlex.quote(name)}")

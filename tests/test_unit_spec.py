@@ -1,4 +1,4 @@
-"""The argument rules (nbddp/core/spec.py) and the Python API's refusals, without a kernel or
+"""The argument rules (nbddp/core/launchrules.py, nbddp/core/linecommands.py) and the Python API's refusals, without a kernel or
 any process: every row of the docs' table of bad magic input, checked against the rules
 directly, with the message the docs show; and nbddp.run / nbddp.Pool raising the same
 DDPUsageError (a ValueError, never IPython's UsageError) before anything starts."""
@@ -12,8 +12,10 @@ import pytest
 
 import nbddp
 from nbddp import DDPUsageError
-from nbddp.core import spec as rules
-from nbddp.core.spec import parse_line
+from nbddp.core import launchrules as rules
+from nbddp.core import linecommands
+from nbddp.core.spec import LaunchSpec
+from nbddp.core.launchrules import parse_line
 from nbddp.sources import rendezvous
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,8 +109,8 @@ CASES = {
         also(lambda: rules.choose_source(parse_line("--backend nccl", shape=pool_spec()), pool=pool_spec())),
         also(lambda: rules.choose_source(parse_line("--env A=1", shape=pool_spec()), pool=pool_spec()))],
     "`%ddp_pool start --launcher torchrun` (also `restart`, `nbddp.Pool(launcher=...)`)": [
-        lambda: rules.parse_pool_line("start --launcher torchrun", running=False, exists=False),
-        lambda: rules.parse_pool_line("restart --launcher torchrun", running=True, exists=True),
+        lambda: linecommands.parse_pool_line("start --launcher torchrun", running=False, exists=False),
+        lambda: linecommands.parse_pool_line("restart --launcher torchrun", running=True, exists=True),
         lambda: nbddp.Pool(n=2, launcher="torchrun")],
 }
 
@@ -204,9 +206,9 @@ def test_what_a_source_cannot_take(facts, words):
 
 
 def test_pool_commands():
-    parse = rules.parse_pool_line
-    assert parse("status", running=False, exists=False) == rules.PoolCommand("status")
-    assert parse("restart", running=True, exists=True) == rules.PoolCommand("restart")
+    parse = linecommands.parse_pool_line
+    assert parse("status", running=False, exists=False) == linecommands.PoolCommand("status")
+    assert parse("restart", running=True, exists=True) == linecommands.PoolCommand("restart")
     assert parse("start -n 2", running=False, exists=False).spec.world_size == 2
     for line, state, words in [
         ("", {}, "usage: %ddp_pool start"),
@@ -223,13 +225,13 @@ def test_pool_commands():
 
 
 def test_pool_restart_with_help_only_prints_it(capsys):
-    order = rules.parse_pool_line("restart -h", running=True, exists=True)
-    assert order == rules.PoolCommand("restart", None, help_only=True)
+    order = linecommands.parse_pool_line("restart -h", running=True, exists=True)
+    assert order == linecommands.PoolCommand("restart", None, help_only=True)
     assert "usage: %%ddp" in capsys.readouterr().out
 
 
 def test_export_lines():
-    parse = rules.parse_export_line
+    parse = linecommands.parse_export_line
     assert parse("job.py -n 4", None, with_cell=True) == ("job.py", "-n 4")
     assert parse("job.py", "-n 2 -- --lr 1", with_cell=False) == ("job.py", "-n 2 -- --lr 1")
     assert parse("job.py --slurm --time 30", "-n 2 -- --lr 1", with_cell=False) == (
@@ -287,7 +289,7 @@ def test_the_cell_syntax_is_checked_in_one_place():
     parsers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                      if "except SyntaxError" in p.read_text())
     # diagnosis.py reads a cell for collective calls, and says nothing of a syntax error
-    assert parsers == ["core/diagnosis.py", "core/spec.py"], parsers
+    assert parsers == ["core/diagnosis.py", "core/launchrules.py"], parsers
 
 
 def test_private_net_rule_is_applied_by_the_store_host(monkeypatch):
@@ -337,8 +339,8 @@ def test_input_that_used_to_fail_raw_is_refused_in_one_line_before_anything_star
 
 def test_a_log_dir_under_the_home_folder_is_there_not_in_a_folder_named_tilde():
     assert parse_line("--log-dir ~/nbddp-logs").log_dir == str(Path.home() / "nbddp-logs")
-    assert nbddp.core.spec.make_spec(log_dir="~/x").log_dir == str(Path.home() / "x")
-    assert rules.given_or_made(rules.LaunchSpec(log_dir="~/y")).log_dir == str(Path.home() / "y")
+    assert nbddp.core.launchrules.make_spec(log_dir="~/x").log_dir == str(Path.home() / "x")
+    assert rules.given_or_made(LaunchSpec(log_dir="~/y")).log_dir == str(Path.home() / "y")
 
 
 def test_hosts_and_endpoints_that_are_fine_still_pass():
@@ -424,14 +426,14 @@ def test_a_pool_started_past_the_bound_runs_its_cells():
     from nbddp.core import capacity
 
     many = min(capacity.limits(capacity.machine()))[0] + 1
-    pool = rules.parse_pool_line(f"start -n {many} --max-ranks {many}", running=False, exists=False).spec
+    pool = linecommands.parse_pool_line(f"start -n {many} --max-ranks {many}", running=False, exists=False).spec
     assert rules.choose_source(parse_line("--timeout 5", shape=pool), pool=pool) == "pool"
     assert rules.given_or_made(None, None, {"timeout": 5}, shape=pool).world_size == many
 
 
 def test_an_exported_script_under_the_home_folder_is_there_not_in_a_folder_named_tilde():
     assert parse_line("--export ~/job.py").export == str(Path.home() / "job.py")
-    assert rules.parse_export_line("~/job.py -n 2", None, with_cell=True)[0] == str(Path.home() / "job.py")
+    assert linecommands.parse_export_line("~/job.py -n 2", None, with_cell=True)[0] == str(Path.home() / "job.py")
 
 
 def test_the_cell_check_shows_no_warning_of_its_own(recwarn):

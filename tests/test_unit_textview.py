@@ -7,7 +7,7 @@ import re
 from types import SimpleNamespace
 
 from nbddp.core.iopubrate import SERVER_DATA_RATE, SERVER_WINDOW_S, RateWindow, stream_bytes
-from nbddp.core.spec import make_spec
+from nbddp.core.launchrules import make_spec
 from nbddp.views.textview import TextView
 from frontend import visible_lines
 

@@ -2,9 +2,9 @@
 
 Directives (used in docs/reference/*.md and docs/tutorials/index.md):
 
-``{nbddp-options}``   every option of the ``%%ddp`` line parser (nbddp.core.spec.build_parser), which
+``{nbddp-options}``   every option of the ``%%ddp`` line parser (nbddp.core.launchrules.build_parser), which
                       ``%ddp_pool start|restart`` and ``%ddp_export`` parse too
-``{nbddp-magics}``    the three magics' own usage and docstrings (nbddp.magic.DDPMagics, spec.POOL_USAGE)
+``{nbddp-magics}``    the three magics' own usage and docstrings (nbddp.magic.DDPMagics, linecommands.POOL_USAGE)
 ``{nbddp-hints}``     every hint nbddp gives (nbddp.core.diagnosis.HINTS and the private-network hint),
                       with the error text that triggers it
 ``{nbddp-lessons}``   the lessons (docs/lessons/*.ipynb), each with its page and how to open it
@@ -170,7 +170,7 @@ class OptionsDirective(Directive):
     has_content = False
 
     def run(self):
-        from nbddp.core.spec import build_parser
+        from nbddp.core.launchrules import build_parser
 
         parser = build_parser()
         rows = []
@@ -198,13 +198,13 @@ class MagicsDirective(Directive):
     has_content = False
 
     def run(self):
-        from nbddp.core import spec
+        from nbddp.core import linecommands
         from nbddp.magic import DDPMagics
 
         out = []
         for title, func, usage in (
                 ("%%ddp", DDPMagics.ddp, "%%ddp [options] [-- script arguments]"),
-                ("%ddp_pool", DDPMagics.ddp_pool, spec.POOL_USAGE.replace("usage: ", "")),
+                ("%ddp_pool", DDPMagics.ddp_pool, linecommands.POOL_USAGE.replace("usage: ", "")),
                 ("%ddp_export / %%ddp_export", DDPMagics.ddp_export, "%ddp_export SCRIPT.py [options]")):
             section = nodes.section(ids=[nodes.make_id("magic " + title.split()[0])])
             section += nodes.title(title, title)

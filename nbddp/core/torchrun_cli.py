@@ -33,7 +33,7 @@ def options(spec: LaunchSpec, node_rank: int | None = None) -> list[str]:
     elif spec.nnodes == 1 and spec.master_port is None:
         opts.append("--standalone")
         opts += _join_timeout(spec)
-    else:  # static: nbddp/core/spec.py checked that the port and the node rank are given
+    else:  # static: nbddp/core/launchrules.py checked that the port and the node rank are given
         opts += [f"--master-addr={spec.master_addr}", f"--master-port={spec.master_port}",
                  f"--node-rank={node_rank or 0}"]
         if spec.rdzv_timeout:

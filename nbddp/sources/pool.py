@@ -29,7 +29,8 @@ from nbddp.sources.rankjobs import rank_jobs
 from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RankResult, RunResult
-from nbddp.core.spec import LaunchSpec, check_pool_spec, given_or_made
+from nbddp.core.launchrules import check_pool_spec, given_or_made
+from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState, StopReason
 from nbddp.core.summary import label
 from nbddp.core.exitstates import ended_by_nbddp, ended_by_the_stop, settle
@@ -327,7 +328,7 @@ class Pool:
     def run_cell(self, source: str, spec: LaunchSpec, *, sinks=(), push: dict | None = None,
                  cell_label: str | None = None) -> RunResult:
         """The pool's entry in nbddp.api's table: one cell, already checked against the pool
-        (nbddp/core/spec.py choose_source), on ``spec.ranks_shown`` (default all ranks), with
+        (nbddp/core/launchrules.py choose_source), on ``spec.ranks_shown`` (default all ranks), with
         ``spec.timeout``, pulling ``spec.pull``'s names."""
         world = self.spec.world_size
         targets = sorted(set(range(world) if spec.ranks_shown is None else spec.ranks_shown))

@@ -25,7 +25,7 @@ import socket
 from datetime import timedelta
 
 from nbddp.core.errors import DDPUsageError
-from nbddp.core.spec import check_private_net
+from nbddp.core.launchrules import check_private_net
 from nbddp.forkserver import privnet
 
 

@@ -177,7 +177,7 @@ print(prefix_error)
 
 # %% which-gpu-each-rank-code
 from nbddp import DDPUsageError
-from nbddp.core.spec import make_spec
+from nbddp.core.launchrules import make_spec
 from nbddp.core.placement import plan
 for line, gpus in (("-n 4", None), ("-n 2 --gpus 1,3", (1, 3))):
     p = plan(make_spec(n=4 if gpus is None else 2, gpus=gpus), device_count=4)

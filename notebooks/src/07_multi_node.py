@@ -29,7 +29,7 @@ hang_timeout = 3           # seconds the hang of section 5 may wait (torchrun's 
 # ## 1 · The commands, one per node
 
 # %% commands-one-per-node-code
-from nbddp.core.spec import make_spec
+from nbddp.core.launchrules import make_spec
 from nbddp.export import node_commands
 spec = make_spec(nproc_per_node=nproc_per_node, nnodes=nnodes, master_addr=master_addr, master_port=master_port)
 commands = node_commands(spec, "train.py")
