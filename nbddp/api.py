@@ -3,20 +3,23 @@
 Every launch comes through here, from ``%%ddp`` (nbddp/magic.py parses its line and calls
 ``run``), from ``nbddp.Pool.run`` and from scripts and tests: the options become a LaunchSpec and
 every rule is checked (nbddp/core/launchrules.py: a DDPUsageError, a ValueError, before anything
-starts); ``spec.choose_source`` picks the process source from ``SOURCES``, the one table (fresh
-local ranks, the running pool, torchrun's agent, Slurm); the sinks are built once
-(nbddp/views/choose.py); the RunResult comes back."""
+starts); ``launchrules.choose_source`` names the process source, ``SOURCES`` (the one table:
+fresh local ranks, the running pool, torchrun's agent, Slurm) maps the name to its
+``run(launch)``; the sinks are built once (nbddp/views/choose.py), the request once
+(nbddp/core/launch.py); the RunResult comes back."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
-from nbddp.core import placement
 from nbddp.core import launchrules as rules
 from nbddp.core.errors import DDPUsageError
+from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
 from nbddp.core.spec import LaunchSpec
+from nbddp.sources import local, pool as on_pool, slurm, torchrun
 from nbddp.views import choose
+
+SOURCES = {"local": local.run, "pool": on_pool.run, "torchrun": torchrun.run, "slurm": slurm.run}
 
 
 def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec | None = None,
@@ -52,8 +55,11 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
         export.export_source(spec.export, source, spec)
     if sinks is None:
         sinks = choose.make_sinks(spec, shell)
-    result = SOURCES[kind](_Launch(spec, source, func, args, kwargs, list(sinks), cwd, env_base,
-                                   push, cell_label, pool))
+    launch = Launch(spec, source=source, func=None if func is None else local.pack_callable(func, args, kwargs),
+                    sinks=tuple(sinks), cwd=os.path.abspath(cwd or os.getcwd()),
+                    env_base=dict(os.environ if env_base is None else env_base), push=push,
+                    cell_label=cell_label, pool=pool)
+    result = SOURCES[kind](launch)
     if check:
         result.raise_for_status()
     return result
@@ -83,57 +89,3 @@ def _check_arguments(args, kwargs, cwd, env_base, push, cell_label) -> None:
             refuse("cwd", "a folder", cwd)
         if not os.path.isdir(cwd):
             refuse("cwd", "a folder that exists", cwd)
-
-
-@dataclass(frozen=True)
-class _Launch:
-    """What every source's entry is given (each takes what it uses)."""
-
-    spec: LaunchSpec
-    source: str | None
-    func: object
-    args: tuple
-    kwargs: dict | None
-    sinks: list
-    cwd: str | None
-    env_base: dict | None
-    push: dict | None
-    cell_label: str | None
-    pool: object
-
-
-def _fresh(launch: _Launch) -> RunResult:
-    """New ranks from the forkserver (nbddp/sources/local.py)."""
-    from nbddp.sources.local import Launch
-
-    base_env = launch.env_base if launch.env_base is not None else dict(os.environ)
-    placement.plan(launch.spec, placement.cuda_device_count(), base_env)  # a bad --gpus stops here
-    return Launch(launch.spec, source=launch.source, func=launch.func, args=launch.args,
-                  kwargs=launch.kwargs, sinks=launch.sinks, cwd=launch.cwd, base_env=launch.env_base,
-                  push=launch.push, cell_label=launch.cell_label).run()
-
-
-def _on_pool(launch: _Launch) -> RunResult:
-    """The running pool's ranks, state kept (nbddp/sources/pool.py)."""
-    return launch.pool.run_cell(launch.source, launch.spec, sinks=launch.sinks, push=launch.push,
-                                cell_label=launch.cell_label)
-
-
-def _torchrun(launch: _Launch) -> RunResult:
-    """torch's elastic agent runs the cell as a script (nbddp/sources/torchrun.py)."""
-    from nbddp.sources import torchrun
-
-    return torchrun.run_cell(launch.source, launch.spec, sinks=launch.sinks, cwd=launch.cwd,
-                             base_env=launch.env_base, cell_label=launch.cell_label)
-
-
-def _slurm(launch: _Launch) -> RunResult:
-    """srun runs torchrun on each node of an allocation (nbddp/sources/slurm.py)."""
-    from nbddp.sources import slurm
-
-    return slurm.run_cell(launch.source, launch.spec, sinks=launch.sinks, cwd=launch.cwd,
-                          base_env=launch.env_base)
-
-
-SOURCES = {"local": _fresh, "pool": _on_pool, "torchrun": _torchrun, "slurm": _slurm}
-assert set(SOURCES) == set(rules.SOURCES)

@@ -11,6 +11,7 @@ import pytest
 
 from nbddp import DDPUsageError
 from nbddp.core.envvars import HUB_TOKENS, rank_env
+from nbddp.core.launch import Launch
 from nbddp.core.launchrules import parse_line
 from nbddp.core.torchrun_cli import node_commands
 from nbddp.export import export_cell
@@ -30,8 +31,8 @@ def test_ranks_and_srun_do_not_inherit_the_hub_token_unless_the_cell_names_it(tm
     asked = parse_line("-n 2 --env JUPYTERHUB_API_TOKEN=given")
     env = rank_env(asked, 0, master_port=1, run_id="r", error_file="e", base_env=HUB, device_count=0)
     assert env["JUPYTERHUB_API_TOKEN"] == "given" and "JPY_API_TOKEN" not in env
-    launch = SlurmLaunch(parse_line("--launcher slurm -n 1"), source="pass", cwd=str(tmp_path),
-                         base_env=dict(HUB, PATH=""))
+    launch = SlurmLaunch(Launch(parse_line("--launcher slurm -n 1"), source="pass", cwd=str(tmp_path),
+                                env_base=dict(HUB, PATH="")))
     assert not set(HUB_TOKENS) & set(launch.base_env) and launch.base_env["HOME"] == "/home/u"
 
 

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from nbddp.core import torchrun_cli
+from nbddp.core.launch import Launch
 from nbddp.core.launchrules import parse_line
 from nbddp.sources.slurm import SlurmLaunch, node_script_text
 from nbddp.sources.slurm_script import sbatch_text
@@ -36,7 +37,7 @@ def test_nothing_squeue_shows_makes_the_rendezvous(tmp_path):
     assert "SLURM_JOB_ID" not in text and "29500" not in text, text
     assert "--rdzv-id" not in text  # the id is in torchrun's environment, not its command line
     spec = parse_line("--launcher slurm --nnodes 2 -n 2")
-    launch = SlurmLaunch(spec, source="pass", cwd=str(tmp_path), base_env={"PATH": ""})
+    launch = SlurmLaunch(Launch(spec, source="pass", cwd=str(tmp_path), env_base={"PATH": ""}))
     scripts = [node_script_text(spec, "/s", "/py", launch.options) for _ in range(6)]
     for script in scripts:
         rdzv = [line for line in script.splitlines() if "rdzv" in line.lower() and not line.startswith("#")]

@@ -33,3 +33,34 @@ def test_the_spec_is_data_and_its_parser_rules_and_line_commands_live_apart():
     assert callable(launchrules.parse_line) and callable(launchrules.choose_source)
     assert callable(linecommands.parse_pool_line) and callable(linecommands.parse_export_line)
     assert not hasattr(launchrules, "parse_pool_line")
+
+
+def _calls(path: Path, dotted: str) -> int:
+    """How many times a file calls ``dotted`` (e.g. "placement.plan")."""
+    obj, attr = dotted.split(".")
+    return sum(1 for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr == attr and isinstance(node.func.value, ast.Name) and node.func.value.id == obj)
+
+
+def test_one_launch_request_every_source_takes():
+    import importlib
+    import inspect
+
+    from nbddp import api
+    from nbddp.core import launchrules
+    from nbddp.core.launch import Launch
+
+    assert dataclasses.is_dataclass(Launch) and Launch.__dataclass_params__.frozen
+    assert set(api.SOURCES) == {"local", "pool", "torchrun", "slurm"}
+    for name, entry in api.SOURCES.items():  # {name: module.run}, one table
+        module = importlib.import_module(f"nbddp.sources.{name}")
+        assert entry is module.run, name
+        assert list(inspect.signature(entry).parameters) == ["launch"], name
+    assert not hasattr(launchrules, "SOURCES")  # no second list of the names
+    assert not hasattr(api, "_Launch")  # one launch object, not one per layer
+    assert getattr(importlib.import_module("nbddp.sources.local"), "Launch", Launch) is Launch
+    # placed once per launch: by the source's entry (the pool: when it starts), not again by the API
+    assert _calls(ROOT / "api.py", "placement.plan") == 0
+    assert _calls(ROOT / "sources" / "forkranks.py", "placement.plan") == 0
+    assert _calls(ROOT / "sources" / "local.py", "placement.plan") == 1

@@ -9,6 +9,7 @@ import pytest
 from nbddp import export
 from nbddp.core import diagnosis
 from nbddp.core import torchrun_cli
+from nbddp.core.launch import Launch
 from nbddp.core.launchrules import parse_line
 from nbddp.sources.slurm import SlurmLaunch, node_script_text
 from nbddp.sources.slurm_script import sbatch_text
@@ -44,7 +45,7 @@ def test_static_master_names_addr_port_and_this_nodes_rank():
 
 def test_the_torchrun_launchers_agent_command(tmp_path):
     s = spec("--launcher torchrun -n 2 --max-restarts 1 -- --lr 0.5")
-    launch = ElasticLaunch(s, source="pass", cwd=str(tmp_path), base_env={}, device_count=0)
+    launch = ElasticLaunch(Launch(s, source="pass", cwd=str(tmp_path), env_base={}), device_count=0)
     assert launch.options == torchrun_cli.options(s)
     cmd = torchrun_cli.agent_command(sys.executable, s, "/logs/x", "/nb/cell.py")
     assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
@@ -108,7 +109,7 @@ def test_the_sbatch_job_runs_torchrun_with_the_jobs_node_count_and_endpoint():
 
 def test_the_slurm_launchers_node_script_runs_the_same_options(tmp_path):
     s = spec("--launcher slurm --nnodes 2 -n 4 --max-restarts 1 -- --lr 1")
-    launch = SlurmLaunch(s, source="pass", cwd=str(tmp_path), base_env={"PATH": ""})
+    launch = SlurmLaunch(Launch(s, source="pass", cwd=str(tmp_path), env_base={"PATH": ""}))
     assert launch.options == [
         '--nnodes="$SLURM_STEP_NUM_NODES"', "--nproc-per-node=2", "--rdzv-backend=c10d",
         '--rdzv-endpoint="$head_node:$rdzv_port"', "--max-restarts=1"]

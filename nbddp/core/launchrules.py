@@ -670,13 +670,11 @@ def check_cell(source: str, who: str = "%%ddp", so: str = "so no rank was starte
 
 
 # ------------------------------------------------------------ which source runs a launch
-SOURCES = ("local", "pool", "torchrun", "slurm")  # the keys of nbddp/api.py's table
-
-
 def choose_source(spec: LaunchSpec, *, pool: LaunchSpec | None = None, pool_ready: bool = True,
                   why_broken: str = "", func: bool = False, push: bool = False, args: bool = False,
                   own_env: bool = False) -> str:
-    """Which process source runs a launch of ``spec`` (one of SOURCES), after the rules that tie
+    """Which process source runs a launch of ``spec`` (a name in nbddp/api.py's SOURCES: "local",
+    "pool", "torchrun" or "slurm"), after the rules that tie
     a launch to its source. ``pool``: a started pool's spec (None: no pool), ready or not (and why
     it broke); ``func``: the target is a callable, not source text; ``push``: values to send;
     ``args``: args/kwargs for the target; ``own_env``: cwd or env_base given."""

@@ -10,6 +10,7 @@ from nbddp.core import placement
 from nbddp.forkserver import spares
 from nbddp.core.cellnames import log_label
 from nbddp.core.job import Cell
+from nbddp.core.launch import Launch
 from nbddp.core.rankfiles import RankFiles
 from nbddp.kernel.logdirs import write_private
 from nbddp.sources import descriptors
@@ -25,14 +26,16 @@ FAILFAST_DELAY_S = 0.25  # torchrun's agent notices a failed worker at its next 
 
 
 class ForkRanks(Source):
-    """The ranks of one fresh launch of ``spec`` running ``source`` or a packed callable."""
+    """The ranks of one fresh launch running its cell or packed callable, placed by ``plan``
+    (nbddp/core/placement.py, planned once by nbddp/sources/local.py)."""
 
-    def __init__(self, spec, *, source, func, push, cwd, base_env, log_dir, script=None, cell_label=None):
-        self.spec, self.source_text, self.func, self.push = spec, source, func, push
-        self.cwd, self.base_env, self.log_dir = cwd, base_env, log_dir
+    def __init__(self, launch: Launch, *, plan: placement.Placement, push, log_dir: str,
+                 script: str | None = None):
+        self.spec, self.source_text, self.func, self.push = launch.spec, launch.source, launch.func, push
+        self.cwd, self.base_env, self.log_dir, self.plan = launch.cwd, launch.env_base, log_dir, plan
         self.log_copy = RankFiles(log_dir).cell_copy
         self.cell_path = script or self.log_copy  # the ranks' __file__ (nbddp/kernel/cellscript.py)
-        self.cell_label = cell_label or log_label(self.log_copy)
+        self.cell_label = launch.cell_label or log_label(self.log_copy)
         self.procs = RankProcs(on_exit=self._on_exit, emit=self.emit)
         self.store = None
         self.use_spares = False
@@ -46,8 +49,7 @@ class ForkRanks(Source):
         descriptors.fit(spec.world_size, spares.limit() if self.use_spares else 0)
         failed = write_private(self.log_copy, self.source_text if self.source_text is not None else
                                f"# nbddp ran the function {self.func['name']}\n")
-        devices = placement.cuda_device_count()
-        plan = placement.plan(spec, devices, self.base_env)
+        plan = self.plan
         self.result = RunResult(
             ranks=[RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
                    for r in range(spec.world_size)],
@@ -63,7 +65,8 @@ class ForkRanks(Source):
         cell = Cell(self.source_text, self.cell_path, self.cell_label, self.push,
                     [name.split("@")[0] for name in spec.pull], post_mortem=spec.pdb)
         jobs = rank_jobs(spec, files, cell, master_port=port, cwd=self.cwd, base_env=self.base_env,
-                         device_count=devices, backend=plan.backend, func=self.func)
+                         device_count=placement.cuda_device_count(), backend=plan.backend,
+                         func=self.func)
         ranks = []
         for res, job in zip(self.result.ranks, jobs):
             res.stdout_path, res.stderr_path = files.stdout(res.rank), files.stderr(res.rank)

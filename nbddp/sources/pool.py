@@ -24,6 +24,7 @@ from nbddp.sources import supervisor
 from nbddp.core import messages as msg
 from nbddp.core.cellnames import log_label
 from nbddp.core.job import Cell
+from nbddp.core.launch import Launch
 from nbddp.core.rankfiles import RankFiles
 from nbddp.sources.rankjobs import rank_jobs
 from nbddp.sources.rankprocs import Rank, RankProcs
@@ -325,11 +326,10 @@ class Pool:
         return api.run(source, pool=self, ranks_shown=ranks, timeout=timeout, push=push, pull=pull,
                        sinks=sinks, check=check, cell_label=cell_label)
 
-    def run_cell(self, source: str, spec: LaunchSpec, *, sinks=(), push: dict | None = None,
-                 cell_label: str | None = None) -> RunResult:
-        """The pool's entry in nbddp.api's table: one cell, already checked against the pool
-        (nbddp/core/launchrules.py choose_source), on ``spec.ranks_shown`` (default all ranks), with
-        ``spec.timeout``, pulling ``spec.pull``'s names."""
+    def run_cell(self, launch: Launch) -> RunResult:
+        """One cell, already checked against the pool (nbddp/core/launchrules.py choose_source), on
+        ``spec.ranks_shown`` (default all ranks), with ``spec.timeout``, pulling ``spec.pull``'s names."""
+        spec, source, sinks, push, cell_label = launch.spec, launch.source, list(launch.sinks), launch.push, launch.cell_label
         world = self.spec.world_size
         targets = sorted(set(range(world) if spec.ranks_shown is None else spec.ranks_shown))
         pull = [name.split("@")[0] for name in spec.pull]
@@ -376,3 +376,8 @@ class Pool:
             ranks.append(res)
         return RunResult(ranks=ranks, world_size=spec.world_size, log_dir=log_dir,
                          master_port=self.master_port, started_at=time.time())
+
+
+def run(launch: Launch) -> RunResult:
+    """The pool's entry in nbddp/api.py's table of sources: the cell on the started pool's ranks."""
+    return launch.pool.run_cell(launch)

@@ -36,7 +36,7 @@ from nbddp.core import envvars, torchrun_cli
 from nbddp.sources.torchrun import ElasticLaunch
 from nbddp.core.result import RunResult
 from nbddp.sources.slurm_script import PORT_CHECK, wants_gpus
-from nbddp.core.spec import LaunchSpec
+from nbddp.core.launch import Launch
 from nbddp.kernel.logdirs import private
 
 CANCEL_WAIT_S = 15.0
@@ -68,7 +68,7 @@ PORT_HINT = "choose another with --master-port PORT, or leave it out for a rando
 
 
 class SlurmLaunch(ElasticLaunch):
-    """One launch through ``srun`` + torchrun: ``SlurmLaunch(spec, source=...).run()`` → RunResult.
+    """One launch through ``srun`` + torchrun: ``SlurmLaunch(launch).run()`` → RunResult.
 
     The torchrun agent source (nbddp/sources/torchrun.py) under the same supervisor, with srun as the
     agent: it varies the command, how the agent is stopped (Slurm signals and cancels the
@@ -77,14 +77,14 @@ class SlurmLaunch(ElasticLaunch):
     interrupted_note = "interrupted: the Slurm step, its torchrun and all its ranks were stopped"
     script_beside_notebook = False  # every node reads the cell from .nbddp-slurm/ (or --log-dir)
 
-    def __init__(self, spec: LaunchSpec, *, source: str, sinks=(), cwd: str | None = None,
-                 base_env: dict | None = None, device_count: int | None = None):
-        cwd = os.path.abspath(cwd or os.getcwd())
+    def __init__(self, launch: Launch, *, device_count: int | None = None):
+        spec, cwd = launch.spec, os.path.abspath(launch.cwd)
         if not spec.log_dir:  # every node reads the cell and writes its status here: not /tmp
             root = os.path.join(cwd, ".nbddp-slurm")
             os.makedirs(root, exist_ok=True)
             spec = replace(spec, log_dir=tempfile.mkdtemp(prefix="launch-", dir=root))
-        super().__init__(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env,
+        # tracebacks name the cell by its copy in the log folder, as before the one request (#38)
+        super().__init__(replace(launch, spec=spec, cwd=cwd, cell_label=None),
                          device_count=0 if device_count is None else device_count)
         self.base_env = envvars.inherited(self.base_env, spec)  # srun copies it to every node
         self.allocation = self.base_env.get("SLURM_JOB_ID")
@@ -230,10 +230,8 @@ def check_available(env: dict | None = None) -> None:
                          "(run the notebook on a cluster's login node, or inside salloc)")
 
 
-def run_cell(source: str, spec: LaunchSpec, sinks=(), cwd: str | None = None,
-             base_env: dict | None = None) -> RunResult:
+def run(launch: Launch) -> RunResult:
     """Slurm's entry in nbddp/api.py's table of sources (``--launcher slurm``)."""
-    check_available(base_env)
-    launch = SlurmLaunch(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env)
-    return launch.run()
+    check_available(launch.env_base)
+    return SlurmLaunch(launch).run()
 

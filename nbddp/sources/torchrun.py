@@ -36,7 +36,7 @@ from nbddp.rank.torchrun_rank import LABEL_VAR, LEGACY_VAR, PREFIX_VAR, STATUS_D
 from nbddp.core.envvars import legacy_flag
 from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, write_private
 from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
-from nbddp.core.spec import LaunchSpec
+from nbddp.core.launch import Launch
 from nbddp.sources import ranklogs
 from nbddp.sources.supervisor import Source, Supervisor
 from nbddp.sources.torchrun_agent import PREFIX_TEMPLATE, AgentProcess, killpg, launched_by
@@ -44,7 +44,7 @@ from nbddp.sources.torchrun_ranks import TorchrunRanks
 
 
 class ElasticLaunch(Source):
-    """One launch through torchrun: ``ElasticLaunch(spec, source=...).run()`` → RunResult.
+    """One launch through torchrun: ``ElasticLaunch(launch).run()`` → RunResult.
 
     A process source under nbddp/sources/supervisor.py whose one process is torchrun's agent. Two
     places to vary the agent (``--launcher slurm`` does): ``command(cell_path)`` builds the
@@ -55,18 +55,16 @@ class ElasticLaunch(Source):
     interrupted_note = "interrupted: torchrun and all its ranks were stopped"
     script_beside_notebook = True  # the ranks' __file__ in cwd (nbddp/kernel/cellscript.py)
 
-    def __init__(self, spec: LaunchSpec, *, source: str, sinks=(), cwd: str | None = None,
-                 base_env: dict | None = None, device_count: int | None = None,
-                 cell_label: str | None = None):
-        self.spec = spec
-        self.source_text = source
-        self.label = cell_label
+    def __init__(self, launch: Launch, *, device_count: int | None = None):
+        self.spec = spec = launch.spec
+        self.source_text = launch.source
+        self.label = launch.cell_label
         self.script = None
-        self.sinks = list(sinks)
-        self.cwd = os.path.abspath(cwd or os.getcwd())
-        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.sinks = list(launch.sinks)
+        self.cwd = os.path.abspath(launch.cwd)
+        self.base_env = dict(launch.env_base)
         self.device_count = placement.cuda_device_count() if device_count is None else device_count
-        self.placement = placement.plan(spec, self.device_count, self.base_env)
+        self.placement = placement.plan(spec, self.device_count, self.base_env)  # once per launch
         self.options = self.agent_options()
         self.agent: AgentProcess | None = None
         self.ranks: TorchrunRanks | None = None
@@ -241,8 +239,6 @@ class ElasticLaunch(Source):
         return diagnosis.agent_failure(text, rc, self.spec, self.agent.agent_log)
 
 
-def run_cell(source: str, spec: LaunchSpec, sinks=(), cwd: str | None = None,
-             base_env: dict | None = None, cell_label: str | None = None) -> RunResult:
+def run(launch: Launch) -> RunResult:
     """torchrun's entry in nbddp/api.py's table of sources (``--launcher torchrun``)."""
-    return ElasticLaunch(spec, source=source, sinks=sinks, cwd=cwd, base_env=base_env,
-                         cell_label=cell_label).run()
+    return ElasticLaunch(launch).run()
