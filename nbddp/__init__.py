@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from nbddp.api import run
-from nbddp.sources.pool import Pool
+from nbddp.pool import Pool
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.result import DDPError, DDPTimeout, RankResult, RunResult
 from nbddp.core.launchrules import make_spec, parse_line

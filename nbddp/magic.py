@@ -89,7 +89,7 @@ class DDPMagics(Magics):
     @line_magic
     def ddp_pool(self, line: str):
         """``%ddp_pool start -n 4 [options]`` · ``status`` · ``restart [options]`` · ``stop``."""
-        from nbddp.sources.pool import Pool
+        from nbddp.pool import Pool
 
         pool = self.pool
         with _shown_as_usage_error():

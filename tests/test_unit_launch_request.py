@@ -64,3 +64,28 @@ def test_one_launch_request_every_source_takes():
     assert _calls(ROOT / "api.py", "placement.plan") == 0
     assert _calls(ROOT / "sources" / "forkranks.py", "placement.plan") == 0
     assert _calls(ROOT / "sources" / "local.py", "placement.plan") == 1
+
+
+def test_the_cell_files_and_the_result_are_made_in_one_place_and_the_pool_sits_above_the_api():
+    import nbddp
+    from nbddp import pool
+    from nbddp.sources import pool as pool_source
+
+    users = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")
+                   if "cellscript.create(" in p.read_text() or "pushing.pack(" in p.read_text())
+    # one context manager for a launch's and a pool cell's files; torchrun's agent writes its own script
+    assert users == ["kernel/cellfiles.py", "sources/torchrun.py"], users
+    builders = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")
+                      if _calls(p, "result.RunResult") + p.read_text().count(" RunResult(") > 0)
+    assert builders == ["core/result.py"], builders  # launch_result(), for every source
+    # the public Pool is above the API; the pool's source imports nothing of it (no loop)
+    assert nbddp.Pool is pool.Pool and issubclass(pool.Pool, pool_source.LivePool)
+    assert "nbddp.api" not in _imports(ROOT / "sources" / "pool.py")
+    # the pool's state (IDLE/BUSY/BROKEN/STOPPED, why it broke) is written by one class
+    tree = ast.parse((ROOT / "sources" / "pool.py").read_text())
+    writers = {cls.name for cls in tree.body if isinstance(cls, ast.ClassDef)
+               for node in ast.walk(cls) if isinstance(node, (ast.Assign, ast.AugAssign))
+               for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+               for t in ast.walk(target) if isinstance(t, ast.Attribute) and t.attr in ("state", "why_broken")
+               and ast.unparse(t.value) in ("self", "self.pool")}  # not a rank's result.state
+    assert writers == {"LivePool"}, writers

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,3 +259,16 @@ class DDPTimeout(DDPError):
             else:
                 lines.append(line)
         return lines
+
+
+def launch_result(spec, log_dir: str, *, with_ranks: bool = True, master_port: int | None = None,
+                  script: str | None = None) -> RunResult:
+    """A launch's RunResult as it starts, made here for every source: one RankResult per rank
+    (numbered as torchrun numbers them, its logs in ``log_dir``), or none where the ranks are
+    learnt as they come (torchrun's agent: nbddp/sources/torchrun_ranks.py)."""
+    files = RankFiles(log_dir)
+    ranks = [RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r),
+                        stdout_path=files.stdout(r), stderr_path=files.stderr(r))
+             for r in range(spec.world_size)] if with_ranks else []
+    return RunResult(ranks=ranks, world_size=spec.world_size, log_dir=log_dir, master_port=master_port,
+                     started_at=time.time(), script=script)

@@ -17,7 +17,7 @@ from nbddp.sources import descriptors
 from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rankjobs import rank_jobs
 from nbddp.sources.rendezvous import host_for
-from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
+from nbddp.core.result import FAILED, KILLED, launch_result
 from nbddp.core.exitstates import settle
 from nbddp.core.states import StopReason
 from nbddp.sources.supervisor import Source
@@ -50,10 +50,7 @@ class ForkRanks(Source):
         failed = write_private(self.log_copy, self.source_text if self.source_text is not None else
                                f"# nbddp ran the function {self.func['name']}\n")
         plan = self.plan
-        self.result = RunResult(
-            ranks=[RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
-                   for r in range(spec.world_size)],
-            world_size=spec.world_size, log_dir=log_dir, started_at=time.time(), script=self.cell_path)
+        self.result = launch_result(spec, log_dir, script=self.cell_path)
         self.store, port = host_for(spec)
         self.result.master_port = port
         self.emit("launch_started", self.result, spec, plan.backend)
@@ -69,7 +66,6 @@ class ForkRanks(Source):
                          func=self.func)
         ranks = []
         for res, job in zip(self.result.ranks, jobs):
-            res.stdout_path, res.stderr_path = files.stdout(res.rank), files.stderr(res.rank)
             ranks.append(Rank(res, job.stack_path, job.sigint_path))
         restarted = self.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=self.use_spares)
         if restarted:

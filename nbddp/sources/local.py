@@ -8,7 +8,7 @@ from __future__ import annotations
 from nbddp.core import placement
 from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
-from nbddp.kernel import cellscript, pushing
+from nbddp.kernel.cellfiles import cell_files
 from nbddp.kernel.logdirs import new_log_dir
 from nbddp.sources.forkranks import ForkRanks
 from nbddp.sources.supervisor import Supervisor
@@ -19,14 +19,9 @@ def run(launch: Launch) -> RunResult:
     folder, the per-cell files, the ranks under the supervisor."""
     plan = placement.plan(launch.spec, placement.cuda_device_count(), launch.env_base)
     log_dir = new_log_dir(launch.spec.log_dir)  # a --log-dir refused before anything is made
-    packed = pushing.pack(launch.push)  # one shared file, read by every rank
-    script = None if launch.source is None else cellscript.create(launch.cwd, launch.source)
-    try:
-        ranks = ForkRanks(launch, plan=plan, push=packed, log_dir=log_dir, script=script)
+    with cell_files(launch.cwd, launch.source, launch.push) as files:
+        ranks = ForkRanks(launch, plan=plan, push=files.push, log_dir=log_dir, script=files.script)
         return Supervisor(ranks, launch.spec, list(launch.sinks)).run()
-    finally:
-        cellscript.remove(script)  # the ranks have ended: it leaves the notebook's folder
-        pushing.discard(packed)  # no one reads it any more
 
 
 def pack_callable(func, args=(), kwargs=None) -> dict:

@@ -15,11 +15,10 @@ import signal
 import time
 from dataclasses import replace
 
-from nbddp.kernel import cellscript
 from nbddp.core import diagnosis
 from nbddp.kernel import logdirs
 from nbddp.core import placement
-from nbddp.kernel import pushing
+from nbddp.kernel.cellfiles import cell_files
 from nbddp.sources import supervisor
 from nbddp.core import messages as msg
 from nbddp.core.cellnames import log_label
@@ -29,8 +28,7 @@ from nbddp.core.rankfiles import RankFiles
 from nbddp.sources.rankjobs import rank_jobs
 from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rendezvous import host_for
-from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RankResult, RunResult
-from nbddp.core.launchrules import check_pool_spec, given_or_made
+from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RunResult, launch_result
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState, StopReason
 from nbddp.core.summary import label
@@ -48,7 +46,7 @@ class PoolRanks(Source):
     FIRST_SIGNAL = dict.fromkeys(StopReason, signal.SIGINT)
     persistent = True
 
-    def __init__(self, pool: "Pool"):
+    def __init__(self, pool: "LivePool"):
         self.pool = pool
         self.procs = RankProcs(on_exit=self._on_exit, on_message=self._on_message, emit=self.emit)
         self.pending: set[int] = set()
@@ -126,11 +124,8 @@ class PoolRanks(Source):
             if was_pending and rank.stop is not None and ended_by_nbddp(res.exitcode, res.exception, rank.sent):
                 res.cause = "did not return from the cell; the pool was ended"
             self.emit("rank_exited", res)
-        if self.pool.state != STOPPED:
-            self.pool.state = BROKEN
-            if not self.pool.why_broken:
-                self.pool.why_broken = (f"rank {res.rank} {res.cause or res.state} "
-                                        f"{'during' if was_pending else 'after'} cell {self.pool.cells_run}")
+        self.pool.rank_ended(f"rank {res.rank} {res.cause or res.state} "
+                             f"{'during' if was_pending else 'after'} cell {self.pool.cells_run}")
 
     def failure(self) -> str | None:
         if not self.pending:
@@ -161,10 +156,8 @@ class PoolRanks(Source):
         stuck = [r for r in self.procs.ranks if r.alive and r.result.rank in self.pending]
         if not stuck or (spare_handlers and all(r.handling() for r in stuck)):
             return
-        if self.pool.state != BROKEN:
-            self.pool.state = BROKEN
-            self.pool.why_broken = (f"{label(r.result.rank for r in stuck)} "
-                                    f"did not stop after SIGINT ({reason}), blocked in C code such as a collective")
+        self.pool.ranks_stuck(f"{label(r.result.rank for r in stuck)} "
+                              f"did not stop after SIGINT ({reason}), blocked in C code such as a collective")
         self.procs.signal(self.procs.ranks, sig, reason, "when the pool was ended")
 
     def handling(self) -> list[int]:
@@ -186,26 +179,20 @@ class PoolRanks(Source):
                 log.flush()
 
     def finish(self) -> None:
-        if self.pool.state == BUSY:
-            self.pool.state = IDLE if all(r.alive for r in self.procs.ranks) else BROKEN
+        self.pool.cell_ended(all(r.alive for r in self.procs.ranks))
         if self.pool.state == BROKEN:
-            if not self.pool.why_broken:
-                self.pool.why_broken = f"a rank ended during cell {self.pool.cells_run}"
             rest = [r for r in self.procs.ranks if r.alive]  # their process group is gone
             self.procs.signal(rest, signal.SIGKILL, StopReason.FAILFAST, "when the pool broke")
             for rank in rest:
                 self.procs.reap(rank, wait=5.0)
 
 
-class Pool:
-    """``Pool(n=4).start()``, then ``pool.run(source)`` as often as needed, then ``stop()``.
-    Options as ``nbddp.run``'s (or a whole ``spec``); a pool is nbddp's own ranks, so another
-    ``launcher`` is refused (DDPUsageError)."""
+class LivePool:
+    """The pool's ranks between cells and all of its state (IDLE, BUSY, BROKEN and why, STOPPED),
+    written here only: PoolRanks reports what its ranks did through ``rank_ended``,
+    ``ranks_stuck`` and ``cell_ended``. ``spec``: checked already (nbddp/pool.py's Pool)."""
 
-    def __init__(self, spec: LaunchSpec | None = None, *, cwd: str | None = None,
-                 base_env: dict | None = None, **options):
-        spec = given_or_made(spec, options.pop("n", None), options)
-        check_pool_spec(spec)
+    def __init__(self, spec: LaunchSpec, *, cwd: str | None = None, base_env: dict | None = None):
         self.spec = replace(spec, timeout=None, ranks_shown=None, push=(), pull=())
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -217,6 +204,25 @@ class Pool:
         self.master_port = None
         self.backend_note = ""
         self.source = PoolRanks(self)
+
+    # ------------------------------------------------ what its ranks report (PoolRanks)
+    def rank_ended(self, why: str) -> None:
+        """A rank's process ended: its process group cannot be mended (unless the pool stops)."""
+        if self.state != STOPPED:
+            self.state = BROKEN
+            self.why_broken = self.why_broken or why
+
+    def ranks_stuck(self, why: str) -> None:
+        """Ranks did not return from the cell after SIGINT: the pool is ended."""
+        if self.state != BROKEN:
+            self.state, self.why_broken = BROKEN, why
+
+    def cell_ended(self, all_alive: bool) -> None:
+        """The cell's launch is over: ready for the next one, or broken."""
+        if self.state == BUSY:
+            self.state = IDLE if all_alive else BROKEN
+        if self.state == BROKEN and not self.why_broken:
+            self.why_broken = f"a rank ended during cell {self.cells_run}"
 
     @property
     def ready(self) -> bool:
@@ -315,17 +321,6 @@ class Pool:
         return "\n".join(lines)
 
     # -------------------------------------------------------------------- cells
-    def run(self, source: str, *, ranks=None, timeout: float | None = None, push: dict | None = None,
-            pull=(), sinks=None, check: bool = True, cell_label: str | None = None) -> RunResult:
-        """Run ``source`` on ``ranks`` (default all) of the live pool; returns this cell's RunResult.
-        ``pull``: names each rank sends back (``result.ranks[i].pulled``); ``sinks`` as for
-        ``nbddp.run`` (default: text); ``cell_label`` names the cell in tracebacks and stacks
-        ("Cell In[3]"). The same entry as ``nbddp.run(source, pool=pool, ...)``."""
-        from nbddp import api
-
-        return api.run(source, pool=self, ranks_shown=ranks, timeout=timeout, push=push, pull=pull,
-                       sinks=sinks, check=check, cell_label=cell_label)
-
     def run_cell(self, launch: Launch) -> RunResult:
         """One cell, already checked against the pool (nbddp/core/launchrules.py choose_source), on
         ``spec.ranks_shown`` (default all ranks), with ``spec.timeout``, pulling ``spec.pull``'s names."""
@@ -333,9 +328,8 @@ class Pool:
         world = self.spec.world_size
         targets = sorted(set(range(world) if spec.ranks_shown is None else spec.ranks_shown))
         pull = [name.split("@")[0] for name in spec.pull]
-        payload = pushing.pack(push)  # one shared file, read by every rank
-        script = cellscript.create(self.cwd, source)  # this cell's __file__, beside the notebook
-        try:
+        with cell_files(self.cwd, source, push) as files:  # pushed values, this cell's __file__
+            script, payload = files.script, files.push
             self.cells_run += 1
             cell_dir = logdirs.new_cell_dir(self.log_root, self.cells_run)
             log_copy = RankFiles(cell_dir).cell_copy
@@ -353,29 +347,18 @@ class Pool:
             src.targets = targets
             self.state = BUSY
             try:
-                result = Supervisor(src, replace(self.spec, timeout=spec.timeout), sinks).run()
+                return Supervisor(src, replace(self.spec, timeout=spec.timeout), sinks).run()
             finally:
-                if self.state == BUSY:
+                if self.state == BUSY:  # the supervisor ended before its source's finish()
                     self.state = IDLE if all(r.alive for r in src.procs.ranks) else BROKEN
-        finally:
-            cellscript.remove(script)
-            pushing.discard(payload)  # the cell has ended on every rank: no one reads it
-        return result
 
     def _fresh_result(self, log_dir: str) -> RunResult:
-        spec = self.spec
-        ranks = []
-        handles = self.ranks
-        files = RankFiles(log_dir)
-        for r in range(spec.world_size):
-            res = RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r))
-            res.stdout_path, res.stderr_path = files.stdout(r), files.stderr(r)
-            if r < len(handles):
-                res.pid = handles[r].result.pid
-                handles[r].result = res
-            ranks.append(res)
-        return RunResult(ranks=ranks, world_size=spec.world_size, log_dir=log_dir,
-                         master_port=self.master_port, started_at=time.time())
+        """This cell's RunResult, each rank's handle given its RankResult (its pid kept)."""
+        result = launch_result(self.spec, log_dir, master_port=self.master_port)
+        for res, handle in zip(result.ranks, self.ranks):
+            res.pid = handle.result.pid
+            handle.result = res
+        return result
 
 
 def run(launch: Launch) -> RunResult:

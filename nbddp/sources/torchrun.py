@@ -22,7 +22,6 @@ import os
 import shlex
 import signal
 import sys
-import time
 
 from nbddp.kernel import cellscript
 from nbddp.core import envvars
@@ -35,7 +34,7 @@ from nbddp.rank.cellsource import SOURCE_VAR
 from nbddp.rank.torchrun_rank import LABEL_VAR, LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from nbddp.core.envvars import legacy_flag
 from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, write_private
-from nbddp.core.result import FAILED, KILLED, RankResult, RunResult
+from nbddp.core.result import FAILED, KILLED, RankResult, RunResult, launch_result
 from nbddp.core.launch import Launch
 from nbddp.sources import ranklogs
 from nbddp.sources.supervisor import Source, Supervisor
@@ -110,9 +109,8 @@ class ElasticLaunch(Source):
             self.script = cellscript.create(self.cwd, self.source_text)
         self.cell_path = cell_path = self.script or log_copy
         self.cell_label = self.label or log_label(log_copy)
-        self.result = RunResult(ranks=[], world_size=spec.world_size, log_dir=log_dir,
-                                master_port=torchrun_cli.meeting_port(spec), started_at=time.time(),
-                                script=cell_path)
+        self.result = launch_result(spec, log_dir, with_ranks=False,
+                                    master_port=torchrun_cli.meeting_port(spec), script=cell_path)
         self.ranks = TorchrunRanks(self.result, self.status_dir, spec.nproc_per_node, self._emit, self.note)
         for rank, local, node in self.expected_ranks():
             self.ranks.get(rank, local, node)
