@@ -6,13 +6,20 @@ from __future__ import annotations
 
 from nbddp.api import run
 from nbddp.pool import Pool
-from nbddp.core.errors import DDPUsageError
-from nbddp.core.result import DDPError, DDPTimeout, RankResult, RunResult
+from nbddp.core.errors import DDPUsageError, NbddpError
+from nbddp.core.result import DDPError, DDPTimeout, Interrupted, RankResult, RunResult
+from nbddp.forkserver.starter import ForkserverStuck
+from nbddp.kernel.pulling import PullError
+from nbddp.rank.nostdin import NoDebugger, NoStdin
+from nbddp.rank.user_rendezvous import RendezvousError
 from nbddp.core.launchrules import make_spec, parse_line
 from nbddp.core.spec import LaunchSpec
 
-__all__ = ["run", "backend", "can_answer", "Pool", "DDPError", "DDPTimeout", "DDPUsageError", "RankResult", "RunResult", "LaunchSpec", "make_spec",
-           "parse_line", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["run", "backend", "can_answer", "Pool", "RankResult", "RunResult", "LaunchSpec", "make_spec",
+           "parse_line", "load_ipython_extension", "unload_ipython_extension",
+           # every error a user can meet, all under NbddpError (nbddp/core/errors.py)
+           "NbddpError", "DDPUsageError", "DDPError", "DDPTimeout", "PullError", "Interrupted",
+           "ForkserverStuck", "RendezvousError", "NoStdin", "NoDebugger"]
 __version__ = "0.1.0"
 
 
@@ -56,18 +63,19 @@ def _say_who_can_connect() -> None:
     """Once, at %load_ext (docs/howto/jupyterhub.md): on a JupyterHub server, that the ranks
     got a private network and what it costs; where this machine gives none, what other local
     users can reach."""
+    from nbddp.core.settings import PRIVATE_NET
     from nbddp.forkserver import privnet
 
     if privnet.given_by_auto():
         print(f"nbddp: on this JupyterHub server each launch's ranks run in a private network, so "
               f"other users of the machine cannot reach their rendezvous store or gloo listeners; "
               f"the ranks reach no other machine (no downloads in a rank, no remote "
-              f"--master-addr): {privnet.ENV}=0 before %load_ext gives them the machine's network")
+              f"--master-addr): {PRIVATE_NET.name}=0 before %load_ext gives them the machine's network")
         return
     why = privnet.unavailable()
     if why and privnet.requested():  # NBDDP_PRIVATE_NET=1 by name: private or nothing
-        print(f"nbddp: {privnet.ENV}=1, but this machine gives this kernel's ranks no private network "
-              f"({why}): every launch will refuse to start; a new kernel with {privnet.ENV}=0 "
+        print(f"nbddp: {PRIVATE_NET.name}=1, but this machine gives this kernel's ranks no private network "
+              f"({why}): every launch will refuse to start; a new kernel with {PRIVATE_NET.name}=0 "
               f"runs them on the machine's network")
         return
     if why:

@@ -51,6 +51,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 from nbddp.core.exitstates import exit_status  # noqa: E402
+from nbddp.rank.torchrun_rank import STATUS_DIR_VAR  # noqa: E402
 
 CODES = ["-9", "256", "2**70", "True", "'a message'", "3"]
 
@@ -65,7 +66,7 @@ def test_a_torchrun_rank_reports_the_exit_status_its_process_ends_with(tmp_path)
         cell.write_text(f"import sys\nsys.exit({code})\n")
         status = tmp_path / f"status{i}"
         status.mkdir()
-        env = dict(os.environ, NBDDP_ELASTIC_DIR=str(status), RANK="0", LOCAL_RANK="0")
+        env = dict(os.environ, RANK="0", LOCAL_RANK="0", **{STATUS_DIR_VAR: str(status)})
         rank = subprocess.run([sys.executable, "-m", "nbddp.rank.torchrun_rank", str(cell)], env=env,
                               capture_output=True, timeout=60)
         plain = subprocess.run([sys.executable, str(cell)], capture_output=True, timeout=60)

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from nbddp.core import settings
 from nbddp.sources import ranklogs
 
 LOUD = """import sys
@@ -19,8 +20,8 @@ print("RuntimeError: the last words", file=sys.stderr)
 
 # ------------------------------------------------------------------ pure: the caps
 def test_a_launch_cap_cuts_every_log_past_it(tmp_path, monkeypatch):
-    monkeypatch.setenv(ranklogs.RANK_MB_VAR, "1")
-    monkeypatch.setenv(ranklogs.TOTAL_MB_VAR, "0.5")
+    monkeypatch.setenv(settings.LOG_RANK_MB.name, "1")
+    monkeypatch.setenv(settings.LOG_TOTAL_MB.name, "0.5")
     said = []
     budget = ranklogs.LogBudget(said.append)
     logs = [ranklogs.RankLog(str(tmp_path / f"rank{r}.stdout"), budget, f"rank {r}") for r in range(2)]
@@ -41,7 +42,7 @@ def test_a_launch_cap_cuts_every_log_past_it(tmp_path, monkeypatch):
 def test_a_cut_log_reads_whole_on_disk_after_each_flush(tmp_path, monkeypatch):
     """A pool flushes its cell's logs when the cell ends (the log stays open for no one): the
     file then already ends with the cut line and the tail, rewritten after the head each time."""
-    monkeypatch.setenv(ranklogs.RANK_MB_VAR, str(100_000 / 2**20))
+    monkeypatch.setenv(settings.LOG_RANK_MB.name, str(100_000 / 2**20))
     log = ranklogs.RankLog(str(tmp_path / "rank0.stderr"), ranklogs.LogBudget(lambda text: None), "rank 0")
     for i in range(3):
         for j in range(2000):
@@ -59,11 +60,11 @@ def test_a_cut_log_reads_whole_on_disk_after_each_flush(tmp_path, monkeypatch):
 @pytest.mark.parametrize("launcher", ["", "--launcher torchrun"])
 def test_a_runaway_log_keeps_its_head_a_cut_line_and_its_tail(kernel, tmp_path, launcher):
     logs = tmp_path / "logs"
-    kernel.ok(f"import os; os.environ['{ranklogs.RANK_MB_VAR}'] = '0.25'")
+    kernel.ok(f"import os; os.environ['{settings.LOG_RANK_MB.name}'] = '0.25'")
     try:
         reply = kernel.execute(f"%%ddp -n 2 --log-dir {logs} --output text {launcher}\n" + LOUD, timeout=180)
     finally:
-        kernel.ok(f"del os.environ['{ranklogs.RANK_MB_VAR}']")
+        kernel.ok(f"del os.environ['{settings.LOG_RANK_MB.name}']")
     assert reply.status == "ok", reply.text[-2000:]
     out = (logs / "rank0.stdout").read_bytes()
     assert len(out) <= (1 << 18) + ranklogs.TAIL + 200, len(out)

@@ -16,6 +16,7 @@ from nbddp.core import launchrules as rules
 from nbddp.core import linecommands
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.launchrules import parse_line
+from nbddp.core import settings
 from nbddp.sources import rendezvous
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -295,7 +296,7 @@ def test_the_cell_syntax_is_checked_in_one_place():
 def test_private_net_rule_is_applied_by_the_store_host(monkeypatch):
     from nbddp.forkserver import privnet
 
-    monkeypatch.setenv(privnet.ENV, "1")
+    monkeypatch.setenv(settings.PRIVATE_NET.name, "1")
     monkeypatch.setattr(privnet, "_probed", {})  # decided once per process: decide again here
     with pytest.raises(DDPUsageError, match="--start-method spawn starts ranks outside the private network"):
         rendezvous.host_for(parse_line("--start-method spawn"))

@@ -79,7 +79,7 @@ THREAD_STARTERS = frozenset({"tensorflow", "ray", "grpc", "jax", "jaxlib"})
 
 
 def enabled() -> bool:
-    return os.environ.get("NBDDP_PRELOAD", "1").strip().lower() not in ("0", "false", "no", "off")
+    return bool(settings.read(settings.PRELOAD))
 
 
 # ----------------------------------------------------------------- kernel side

@@ -35,7 +35,8 @@ import subprocess
 import sys
 import threading
 
-ENV = "NBDDP_PRIVATE_NET"
+from nbddp.core import settings
+
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 SIOCGIFADDR, SIOCSIFADDR, SIOCSIFNETMASK = 0x8915, 0x8916, 0x891C
@@ -54,11 +55,11 @@ def requested() -> bool:
     as ``1`` or ``0``, so the forkserver (which inherits it) reads the same answer."""
     with _decide_lock:
         if "asked" not in _probed:
-            value = os.environ.get(ENV, "auto").strip().lower()
+            value = str(settings.read(settings.PRIVATE_NET))
             _probed["how"] = "by name" if value in ("0", "1") else "auto"
             if value not in ("0", "1"):
                 value = "1" if on_a_hub() and not unavailable() else "0"
-                os.environ[ENV] = value
+                os.environ[settings.PRIVATE_NET.name] = value
             _probed["asked"] = "1" if value == "1" else ""
     return bool(_probed["asked"])
 

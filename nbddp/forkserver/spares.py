@@ -25,10 +25,10 @@ from nbddp.core import job as rankjob
 from nbddp.core import messages as msg
 from nbddp.forkserver import preload
 from nbddp.forkserver import starter
+from nbddp.core import settings
 from nbddp.kernel import forkguard
 from nbddp.rank import worker
 
-DEFAULT_LIMIT = 8
 _lock = threading.Lock()
 _stock: list["Plumbing"] = []
 _worker: threading.Thread | None = None  # the refill running now, if any
@@ -36,10 +36,7 @@ _progress_at = 0.0  # when that refill last got on (started, began forking, fork
 
 
 def limit() -> int:
-    try:
-        return max(0, int(os.environ.get("NBDDP_SPARES", DEFAULT_LIMIT)))
-    except ValueError:
-        return DEFAULT_LIMIT
+    return int(settings.read(settings.SPARES))
 
 
 class Plumbing:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import multiprocess
 from multiprocess import forkserver, spawn, util
 
+from nbddp.core.errors import NbddpError
 from nbddp.kernel import forkguard
 from nbddp.kernel import janitor
 from nbddp.forkserver import privnet
@@ -199,7 +200,7 @@ FORK_ANSWER_S = 10.0  # a forkserver that has forked before answers a fork reque
 FIRST_ANSWER_S = 300.0  # a new one first imports torch and the preload list (seconds to minutes)
 
 
-class ForkserverStuck(RuntimeError):
+class ForkserverStuck(RuntimeError, NbddpError):
     """The forkserver did not fork within the limit; it was killed (``pid``)."""
 
     _done = "ended it and started a new one"   # what nbddp did, in ``line``

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 
+from nbddp.core import settings
 from nbddp.core.errors import DDPUsageError
 from nbddp.kernel import forkguard
 
@@ -100,8 +101,7 @@ def host(master_addr: str, port: int | None):
 
 
 def refusal(why: str) -> str:
-    from nbddp.forkserver.privnet import ENV
-
+    ENV = settings.PRIVATE_NET.name
     return (f"%%ddp: this kernel's ranks are to run in a private network ({ENV}=1), but {why}; "
             f"no rank was started (a new kernel with {ENV}=0 runs them on the machine's network)")
 

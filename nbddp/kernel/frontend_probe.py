@@ -22,10 +22,10 @@ A "Run all" sends its cells before the answer can come back, so the cell right a
 """
 from __future__ import annotations
 
-import os
 import time
 from datetime import datetime
 
+from nbddp.core import settings
 from nbddp.core.frontends import WIDGETS_MAJOR, Evidence, SendClock, front_end_name, ignored, major
 
 CONTROL_TARGET = "jupyter.widget.control"
@@ -111,7 +111,7 @@ def _header_time(msg) -> float | None:
 
 def evidence(shell) -> Evidence:
     """What is known about the front end that sent the running cell."""
-    forced = os.environ.get("NBDDP_OUTPUT", "").strip().lower()
+    forced = str(settings.read(settings.OUTPUT))
     if shell is None or getattr(shell, "kernel", None) is None:
         return Evidence(forced=forced, in_kernel=False)
     version = ipywidgets_version()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-SOURCE_VAR = "NBDDP_ELASTIC_SOURCE"
+SOURCE_VAR = "_NBDDP_ELASTIC_SOURCE"  # internal: set by nbddp (nbddp/core/settings.py INTERNAL)
 
 
 def read(cell_path: str) -> str:

@@ -2,10 +2,12 @@
 debugger. nbddp's own ranks ask the notebook instead (nbddp/rank/asking.py) and fail this way
 only where no front end can answer; torchrun's ranks (nbddp/rank/torchrun_rank.py) have no way
 back to the notebook at all, so there ``install`` makes both fail. Still an EOFError for
-``input()``, so code that catches it works as before. Stdlib only."""
+``input()``, so code that catches it works as before. Stdlib (and nbddp.core.errors) only."""
 from __future__ import annotations
 
 import builtins
+
+from nbddp.core.errors import NbddpError
 
 MESSAGE = ("ranks have no stdin, so input() cannot ask for a value; set it in the notebook and "
            "send it with --push NAME, or read it from a file")
@@ -14,11 +16,11 @@ TORCHRUN_DEBUGGER = ("the debugger reaches the notebook from nbddp's own ranks o
                      "torchrun to debug it there")
 
 
-class NoStdin(EOFError):
+class NoStdin(EOFError, NbddpError):
     """input() in a rank."""
 
 
-class NoDebugger(RuntimeError):
+class NoDebugger(RuntimeError, NbddpError):
     """breakpoint() / pdb where no one can answer; not an EOFError, so pdb's loop does not take
     it for the user's ``EOF`` (which would quit as if ``q`` had been typed)."""
 

@@ -27,10 +27,10 @@ from nbddp.core.exitstates import exit_status
 from nbddp.core.rankfiles import RankFiles
 from nbddp.rank.worker import cell_line
 
-STATUS_DIR_VAR = "NBDDP_ELASTIC_DIR"
+STATUS_DIR_VAR = "_NBDDP_ELASTIC_DIR"  # internal (nbddp/core/settings.py INTERNAL), as the rest
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
-LABEL_VAR = "NBDDP_ELASTIC_CELL_LABEL"  # how tracebacks name the cell ("Cell In[3]"; nbddp/core/cellnames.py)
-LEGACY_VAR = "NBDDP_ELASTIC_LEGACY_FLAG"  # --legacy-launch: the flag torch.distributed.launch passed
+LABEL_VAR = "_NBDDP_ELASTIC_CELL_LABEL"  # how tracebacks name the cell ("Cell In[3]"; nbddp/core/cellnames.py)
+LEGACY_VAR = "_NBDDP_ELASTIC_LEGACY_FLAG"  # --legacy-launch: the flag torch.distributed.launch passed
 SAME_INTERRUPT_S = 1.0  # SIGINTs closer than this are one interrupt (see _acknowledge_sigint)
 
 

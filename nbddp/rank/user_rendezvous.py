@@ -28,6 +28,8 @@ import socket
 import sys
 from urllib.parse import parse_qs, urlparse
 
+from nbddp.core.errors import NbddpError
+
 FLAG = "TORCHELASTIC_USE_AGENT_STORE"
 _MODULE = "torch.distributed.rendezvous"
 # What this process was launched with: addr, port, cell; world_size, rank, pid in an nbddp rank only
@@ -35,7 +37,7 @@ _MODULE = "torch.distributed.rendezvous"
 LAUNCH: dict = {}
 
 
-class RendezvousError(ValueError):
+class RendezvousError(ValueError, NbddpError):
     """A cell's rendezvous that cannot work on this machine (raised before any wait)."""
 
 

@@ -23,6 +23,7 @@ from nbddp.rank import stackwatch
 from nbddp.rank import teardown
 from nbddp.rank import user_rendezvous
 from nbddp.core import exitstates
+from nbddp.core import settings
 from nbddp.core import job as rankjob
 from nbddp.core import messages as msg
 from nbddp.core.cellnames import name_cell
@@ -81,7 +82,7 @@ def _refuse_outside_private_net(ctl) -> None:
     if why:
         try:
             os.write(2, f"nbddp: this rank ran nothing: it was to run in a private network "
-                        f"({privnet.ENV}=1), but {why}\n".encode())
+                        f"({settings.PRIVATE_NET.name}=1), but {why}\n".encode())
         except OSError:
             pass
         _finish(ctl, 1)

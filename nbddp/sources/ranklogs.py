@@ -19,21 +19,14 @@ from __future__ import annotations
 
 import os
 
+from nbddp.core import settings
 from nbddp.kernel.logdirs import private
 
-RANK_MB_VAR = "NBDDP_LOG_RANK_MB"
-TOTAL_MB_VAR = "NBDDP_LOG_TOTAL_MB"
-RANK_MB = 100
-TOTAL_MB = 1000
 TAIL = 1 << 16  # kept past a cap: the diagnosis reads a stderr's last 64 KB
 
 
-def _mb(var: str, default: float) -> int:
-    try:
-        value = float(os.environ.get(var, default))
-    except ValueError:
-        value = default
-    return max(0, int(value * (1 << 20)))
+def _mb(setting) -> int:
+    return int(settings.read(setting) * (1 << 20))
 
 
 class LogBudget:
@@ -43,8 +36,8 @@ class LogBudget:
 
     def __init__(self, note):
         self.note = note
-        self.per_log = _mb(RANK_MB_VAR, RANK_MB)
-        self.total = _mb(TOTAL_MB_VAR, TOTAL_MB)
+        self.per_log = _mb(settings.LOG_RANK_MB)
+        self.total = _mb(settings.LOG_TOTAL_MB)
         self.used: dict[str, int] = {}   # log folder → bytes written there
         self.said: set[tuple[str, str]] = set()
 
@@ -56,8 +49,8 @@ class LogBudget:
         if want <= min(room, total_room):
             return want, ""
         if room <= total_room:
-            return max(0, room), f"{RANK_MB_VAR}={self.per_log / (1 << 20):g} MB a log"
-        return max(0, total_room), f"{TOTAL_MB_VAR}={self.total / (1 << 20):g} MB for a launch's logs"
+            return max(0, room), f"{settings.LOG_RANK_MB.name}={self.per_log / (1 << 20):g} MB a log"
+        return max(0, total_room), f"{settings.LOG_TOTAL_MB.name}={self.total / (1 << 20):g} MB for a launch's logs"
 
     def spent(self, folder: str, n: int) -> None:
         self.used[folder] = self.used.get(folder, 0) + n
@@ -185,7 +178,7 @@ def trim_copies(folder: str, budget: LogBudget) -> None:
                     os.ftruncate(fd, budget.per_log)
                     os.lseek(fd, 0, os.SEEK_END)
                     os.write(fd, f"\n[nbddp: {size - budget.per_log} bytes of torchrun's copy were cut "
-                                 f"here ({RANK_MB_VAR}); nbddp's rank log has the end]\n".encode())
+                                 f"here ({settings.LOG_RANK_MB.name}); nbddp's rank log has the end]\n".encode())
             except OSError:
                 pass
             finally:

@@ -26,6 +26,7 @@ from datetime import timedelta
 
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.launchrules import check_private_net
+from nbddp.core import settings
 from nbddp.forkserver import privnet
 
 
@@ -35,7 +36,7 @@ def host_for(spec):
     hosted there too (nbddp/forkserver/storehost.py) and the ranks can reach nothing else."""
     if not privnet.requested():
         return host_store(spec.master_addr, spec.master_port)
-    check_private_net(spec, privnet.ENV, master_is_loopback=bool(_loopback_addresses(spec.master_addr, 0)))
+    check_private_net(spec, settings.PRIVATE_NET.name, master_is_loopback=bool(_loopback_addresses(spec.master_addr, 0)))
     from nbddp.forkserver import storehost
 
     return storehost.host(spec.master_addr, spec.master_port)

@@ -9,10 +9,10 @@ them, else text with one line saying why (once per kernel).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 from nbddp.core import frontends
+from nbddp.core import settings
 from nbddp.core.sink import Sink
 from nbddp.kernel import frontend_probe
 from nbddp.views import transcript
@@ -68,8 +68,7 @@ def same_lines(spec) -> str:
     environment (merge|apart), else merge (a line every rank printed, said once)."""
     if spec.same_lines:
         return spec.same_lines
-    forced = os.environ.get("NBDDP_SAME_LINES", "").strip().lower()
-    return forced if forced in ("merge", "apart") else "merge"
+    return str(settings.read(settings.SAME_LINES))
 
 
 def make_sinks(spec, shell=None) -> list:
