@@ -2,7 +2,7 @@
 preloaded), meeting at a TCPStore hosted by this process, as nbddp's launches do, without nbddp.
 
     .venv/bin/python benchmarks/stalls.py 200                 # the store on torch's own listener
-    .venv/bin/python benchmarks/stalls.py 200 --nbddp-store   # on nbddp's (nbddp/sources/rendezvous.py)
+    .venv/bin/python benchmarks/stalls.py 200 --nbddp-store   # on nbddp's (nbddp/forkserver/tcpstore.py)
     strace -f -e trace=connect -o st.txt .venv/bin/python benchmarks/stalls.py 5; grep -c 'htons(53)' st.txt
 
 Prints every launch whose slowest rank took over 2 s in init_process_group, then the median,
@@ -43,7 +43,7 @@ def main():
     slowest = []
     for i in range(a.launches):
         if a.nbddp_store:
-            from nbddp.sources.rendezvous import host_store
+            from nbddp.forkserver.tcpstore import host_store
             store, port = host_store(a.addr, None)
         else:
             store = TCPStore(a.addr, 0, None, True, timedelta(seconds=60), wait_for_workers=False)

@@ -1,4 +1,4 @@
-"""The store nbddp hosts (nbddp/sources/rendezvous.py): where ranks come over IPv4 it listens on an IPv4
+"""The store nbddp hosts (nbddp/forkserver/tcpstore.py): where ranks come over IPv4 it listens on an IPv4
 socket (so torch names each accepted rank from /etc/hosts, with no DNS query), else on torch's
 own dual-stack socket; either way a real torch client reaches it."""
 import datetime
@@ -6,7 +6,7 @@ import datetime
 import pytest
 from torch.distributed import TCPStore
 
-from nbddp.sources.rendezvous import host_store, reaches_over_ipv4
+from nbddp.forkserver.tcpstore import host_store, reaches_over_ipv4
 
 
 def _listening(port):

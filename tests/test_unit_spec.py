@@ -17,6 +17,7 @@ from nbddp.core import linecommands
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.launchrules import parse_line
 from nbddp.core import settings
+from nbddp.forkserver import tcpstore
 from nbddp.sources import rendezvous
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ def held_port():
 def port_in_use():
     sock, port = held_port()
     with sock:
-        rendezvous.host_store("localhost", port)
+        tcpstore.host_store("localhost", port)
 
 
 def pool_spec():

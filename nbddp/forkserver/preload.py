@@ -37,6 +37,8 @@ import sysconfig
 import threading
 import time
 
+from nbddp.core import settings
+
 # (module, why it is preloaded). Order matters only for speed.
 MODULES = [
     ("torch", "every cell; ~2 s to import"),
@@ -196,13 +198,6 @@ def stale() -> list[str]:
              and isinstance(getattr(mod, "__file__", None), str)
              and os.path.realpath(mod.__file__) in changed]
     return names
-
-
-def forget(names) -> None:
-    """In a rank: drop preloaded modules that are out of date, with their submodules."""
-    for name in names:
-        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-            sys.modules.pop(key, None)
 
 
 # ------------------------------------------------------------ forkserver side

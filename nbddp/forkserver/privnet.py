@@ -18,7 +18,7 @@ user namespace files of other users show as owned by ``nobody``. This module is 
 it runs in the forkserver before torch, and in the probe (``unavailable``).
 
 Private fails closed: where the forkserver could not enter its network, it records why
-(``failure``), the process hosting the stores reports that and its network to the kernel, and
+(nbddp/rank/netrecord.py), the process hosting the stores reports that and its network to the kernel, and
 the kernel refuses every launch in one line (nbddp/forkserver/storehost.py); a rank forked from
 such a forkserver refuses to run (nbddp/rank/worker.py).
 """
@@ -36,13 +36,13 @@ import sys
 import threading
 
 from nbddp.core import settings
+from nbddp.rank import netrecord
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 SIOCGIFADDR, SIOCSIFADDR, SIOCSIFNETMASK = 0x8915, 0x8916, 0x891C
 
 _probed: dict[str, str] = {}
-_state: dict[str, str] = {}
 
 
 HUB = "JUPYTERHUB_USER"  # set by JupyterHub in every single-user server it spawns
@@ -96,24 +96,7 @@ def enter() -> None:
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
     _loopback_up()
     _carry_addresses(carried)
-    _state["entered"] = "1"
-
-
-def entered() -> bool:
-    """This process (or the forkserver it was forked from) entered a private network."""
-    return bool(_state.get("entered"))
-
-
-def failed(why: str) -> None:
-    """This process was to enter a private network and could not (``why``); what it forks
-    inherits the record (``failure``) and refuses to run as if it had."""
-    _state["failed"] = why or "it could not enter one"
-
-
-def failure() -> str:
-    """Why this process (or the forkserver it was forked from) is not in the private network it
-    was to enter; "" where it is, or was not asked to."""
-    return _state.get("failed", "")
+    netrecord.entered()
 
 
 def _threads() -> int:

@@ -7,7 +7,7 @@ ends with the kernel (its pipe closes). Requests, one at a time over that pipe:
 ``("drop", port)`` when the launch that used it has ended.
 
 Fail closed: the host says, when it is ready, which network it is in and whether the forkserver
-it was forked from could not enter the private one (``privnet.failure``); a launch is refused in
+it was forked from could not enter the private one (nbddp/rank/netrecord.py); a launch is refused in
 one line (``NotPrivate``) where it could not, where the host or the forkserver is on the
 kernel's own network, or where the two differ, before any rank starts.
 """
@@ -18,7 +18,12 @@ import threading
 
 from nbddp.core import settings
 from nbddp.core.errors import DDPUsageError
+from nbddp.forkserver import privnet
+from nbddp.forkserver import starter
+from nbddp.forkserver.tcpstore import host_store
 from nbddp.kernel import forkguard
+from nbddp.rank import netrecord
+from nbddp.rank.procname import set_name
 
 ANSWER_S = 30.0  # a TCPStore starts in milliseconds; past this the host is stuck
 
@@ -28,15 +33,11 @@ _host: dict = {}  # "conn", "process", "net" of the running host, once started
 
 def serve(conn) -> None:
     """The host's loop (in a process forked by the forkserver): until the kernel goes away."""
-    from nbddp.forkserver import privnet
-    from nbddp.sources.rendezvous import host_store
-    from nbddp.rank.worker import _set_name
-
-    _set_name(b"nbddp-stores")
+    set_name(b"nbddp-stores")
     stores = {}
-    if privnet.entered():
+    if netrecord.is_private():
         privnet.answer_names()
-    conn.send(("ready", privnet.network_id(), privnet.failure()))
+    conn.send(("ready", privnet.network_id(), netrecord.failure()))
     while True:
         try:
             request = conn.recv()
@@ -122,8 +123,6 @@ def not_private(host_net: str | None, host_why: str, forkserver_net: str | None,
 
 
 def _why_not_private() -> str:
-    from nbddp.forkserver import privnet
-
     return not_private(_host.get("net"), _host.get("why", ""), _forkserver_network(), privnet.network_id())
 
 
@@ -150,8 +149,6 @@ def _running():
     if process is not None and process.exitcode is None:
         return _host["conn"]
     _stop()
-    from nbddp.forkserver import starter
-
     ctx = starter.context("forkserver")
     starter.ensure_forkserver()
     conn, child = ctx.Pipe(duplex=True)

@@ -21,26 +21,19 @@ from nbddp.rank import asking
 from nbddp.rank import pushed
 from nbddp.rank import stackwatch
 from nbddp.rank import teardown
+from nbddp.rank import netrecord
 from nbddp.rank import user_rendezvous
+from nbddp.rank.procname import set_name
 from nbddp.core import exitstates
 from nbddp.core import settings
 from nbddp.core import job as rankjob
 from nbddp.core import messages as msg
 from nbddp.core.cellnames import name_cell
 from nbddp.core.job import Cell, RankJob
-from nbddp.forkserver import privnet
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
 _KEPT: list = []  # what must live as long as the rank (the stack file stackwatch writes)
-
-
-try:  # loaded once, in the forkserver
-    import ctypes
-
-    _LIBC = ctypes.CDLL(None)
-except Exception:  # pragma: no cover - not Linux
-    _LIBC = None
 
 
 def entry(pipes: dict) -> None:
@@ -52,7 +45,7 @@ def entry(pipes: dict) -> None:
     if os.getsid(0) != os.getpid():  # a spawned rank starts in a session of its own already
         os.setsid()  # own process group: the launcher ends the rank and all it started at once
     if pipes.pop("spare", False):
-        _set_name(b"nbddp-spare")
+        set_name(b"nbddp-spare")
         _send(ctl, (msg.READY,))
     try:  # the rank's data comes when a launch needs this process (nbddp/forkserver/spares.py)
         data = pipes["jobpipe"].recv_bytes()
@@ -61,7 +54,7 @@ def entry(pipes: dict) -> None:
     pipes.pop("jobpipe").close()
     try:
         job = rankjob.loads(data)
-        _set_name(f"nbddp-rank{job.rank}".encode()[:15])
+        set_name(f"nbddp-rank{job.rank}".encode()[:15])
         _become_script(job, pipes)
         _refuse_outside_private_net(ctl)
         _send(ctl, (msg.STARTED, os.getpid(), time.time()))
@@ -78,7 +71,7 @@ def _refuse_outside_private_net(ctl) -> None:
     """A rank forked from a forkserver that could not enter the private network it was to enter
     (nbddp/forkserver/privnet.py) runs nothing: private fails closed. The kernel refuses such a
     launch before any rank starts; this is for a forkserver replaced in between."""
-    why = privnet.failure()
+    why = netrecord.failure()
     if why:
         try:
             os.write(2, f"nbddp: this rank ran nothing: it was to run in a private network "
@@ -88,13 +81,11 @@ def _refuse_outside_private_net(ctl) -> None:
         _finish(ctl, 1)
 
 
-def _set_name(name: bytes) -> None:
-    """The name ``ps -o comm``, ``top`` and psutil show (Linux)."""
-    try:
-        if _LIBC is not None:
-            _LIBC.prctl(15, name, 0, 0, 0)  # PR_SET_NAME
-    except Exception:
-        pass
+def _forget(names) -> None:
+    """Drop preloaded modules that are out of date, with their submodules: the cell re-imports them."""
+    for name in names:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            sys.modules.pop(key, None)
 
 
 def _send(ctl, message) -> None:
@@ -132,9 +123,7 @@ def _become_script(job: RankJob, pipes: dict) -> None:
     sys.path[:] = [job.cwd] + [p for p in job.sys_path if p not in ("", job.cwd)]
     sys.argv = list(job.argv)
     if job.forget:  # preloaded modules whose files changed since (nbddp/forkserver/preload.py)
-        from nbddp.forkserver.preload import forget
-
-        forget(job.forget)
+        _forget(job.forget)
     atexit._clear()  # handlers inherited from the forkserver are not the script's
     _install_display(pipes["ctl"])
 
