@@ -44,19 +44,26 @@ def can_answer() -> bool:
     return InputBox.for_this_cell() is not None
 
 
+_hooks: list = []  # (event, callback) this extension registered with IPython
+
+
 def load_ipython_extension(ipython) -> None:
     from nbddp.forkserver import starter
     from nbddp.kernel import frontend_probe
     from nbddp.magic import DDPMagics, install_interrupt_line
+    from nbddp.views.startnote import StartNote
 
     ipython.register_magics(DDPMagics)
     install_interrupt_line(ipython)
     frontend_probe.probe(ipython)  # the first %%ddp cell then knows whether this front end renders widgets
+    note = StartNote(starter.torch_ready)
+    starter.give_notes(note.show, note.clear)  # what the cell says while a new forkserver imports torch
     starter.warm_up()
     _say_who_can_connect()
     # the next cells wait for that background import of torch instead of racing it
-    ipython.events.register("pre_run_cell", starter.wait_for_torch)
-    ipython.events.register("post_run_cell", starter.clear_status)
+    _hooks[:] = [("pre_run_cell", note.wait_for_torch), ("post_run_cell", note.clear)]
+    for event, hook in _hooks:
+        ipython.events.register(event, hook)
 
 
 def _say_who_can_connect() -> None:
@@ -86,10 +93,9 @@ def _say_who_can_connect() -> None:
 
 
 def unload_ipython_extension(ipython) -> None:
-    from nbddp.forkserver import starter
-
-    for event, hook in (("pre_run_cell", starter.wait_for_torch), ("post_run_cell", starter.clear_status)):
+    for event, hook in _hooks:
         try:
             ipython.events.unregister(event, hook)
         except ValueError:
             pass
+    _hooks.clear()

@@ -1,5 +1,10 @@
 """How worker processes are started: a forkserver per kernel with torch preloaded (fork speed,
 without forking the multi-threaded kernel or a process that has touched CUDA), or spawn.
+
+multiprocess is adjusted (``_adjust_multiprocess``: its helper's session, the main script, the
+flush) when the first context is made, not on import. What the notebook shows while a new
+forkserver imports torch is given by the extension (``give_notes``: nbddp/views/startnote.py);
+without it (plain Python) nothing is shown.
 """
 from __future__ import annotations
 
@@ -25,14 +30,16 @@ from nbddp.rank import worker
 
 _lock = threading.Lock()
 _preload_set = False
+_adjusted = False
 
 
 def context(start_method: str = "forkserver"):
     """The multiprocess context for ``start_method``; the forkserver gets the preload list."""
     global _preload_set
     ctx = multiprocess.get_context(start_method)
-    if start_method == "forkserver":
-        with _lock:
+    with _lock:
+        _adjust_multiprocess()
+        if start_method == "forkserver":
             if not _preload_set:
                 _short_socket_folder()
                 # first, before torch: NBDDP_PRIVATE_NET=1 moves the forkserver into a private
@@ -41,6 +48,29 @@ def context(start_method: str = "forkserver"):
                 ctx.set_forkserver_preload(["nbddp.forkserver.serve_private_net"] + PRELOAD)
                 _preload_set = True
     return ctx
+
+
+def _adjust_multiprocess() -> None:
+    """Once, before the first process starts (the caller holds ``_lock``): multiprocess starts
+    its helpers in a session of their own, never re-runs the caller's main script in a rank,
+    and does not flush the kernel's streams from a start thread (the three functions below)."""
+    global _adjusted
+    if not _adjusted:
+        util.spawnv_passfds = _spawnv_passfds_in_own_session
+        spawn.get_preparation_data = _preparation_without_main
+        util._flush_std_streams = _flush_unless_starting
+        _adjusted = True
+
+
+# What the notebook shows while a new forkserver imports torch (give_notes); nothing by default.
+_notes: dict = {"show": lambda: None, "clear": lambda: None}
+
+
+def give_notes(show, clear) -> None:
+    """``show()`` a line in the running cell while ranks wait for a new forkserver (it may be
+    importing torch), and ``clear()`` it once they have started (the extension gives
+    nbddp/views/startnote.py's)."""
+    _notes.update(show=show, clear=clear)
 
 
 UNIX_PATH_MAX = 107  # a Unix socket's path: 108 bytes with the closing NUL
@@ -81,8 +111,6 @@ def _spawnv_passfds_in_own_session(path, args, passfds):
     janitor.end_with_kernel(passfds)
     return child.pid
 
-
-util.spawnv_passfds = _spawnv_passfds_in_own_session
 
 TORCH_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 _torch_cache_dir: list[str] = []  # nbddp's private one, once made
@@ -168,8 +196,6 @@ def _preparation_without_main(name):
     return _original_preparation(name)
 
 
-spawn.get_preparation_data = _preparation_without_main
-
 
 _original_flush = util._flush_std_streams
 
@@ -183,8 +209,6 @@ def _flush_unless_starting():
     if not getattr(_starting, "active", False):
         _original_flush()
 
-
-util._flush_std_streams = _flush_unless_starting
 
 
 def start(process) -> None:
@@ -273,11 +297,11 @@ def start_all(processes, limit: float | None = None) -> None:
     then fail at once) and ForkserverStuck is raised: a stuck forkserver never holds the
     kernel."""
     if _not_answered_yet():
-        show_status(FIRST_CELL_STATUS)  # a new forkserver may still be importing torch (seconds)
+        _notes["show"]()  # a new forkserver may still be importing torch (seconds)
     try:
         _start_all(processes, limit)
     finally:
-        clear_status()
+        _notes["clear"]()
 
 
 def _start_all(processes, limit):
@@ -360,19 +384,19 @@ def _ended(pid: int, limit: float) -> bool:
         time.sleep(0.01)
 
 
-_torch_ready = threading.Event()
-_torch_ready.set()  # nothing to wait for until warm_up() starts importing torch in the background
+# Set once warm_up's background import of torch has ended (at once without one): the
+# extension's pre_run_cell hook waits for it (nbddp/views/startnote.py).
+torch_ready = threading.Event()
+torch_ready.set()
 
 
 def warm_up() -> threading.Thread:
     """Start the forkserver (and import torch here, for the rendezvous store) in the background,
     so the first cell does not pay for it while the user is still typing. Until that import
-    has finished, the next cell waits for it (``wait_for_torch``, an IPython pre_run_cell
-    hook) instead of importing torch at the same time: two threads importing torch's nested
-    packages at once can fail or abort the kernel (pytorch/pytorch#182560; seen here as
-    "terminate called after throwing an instance of 'python_error'")."""
-    import sys
-
+    has finished (``torch_ready``), the next cell waits for it instead of importing torch at
+    the same time: two threads importing torch's nested packages at once can fail or abort the
+    kernel (pytorch/pytorch#182560; seen here as "terminate called after throwing an instance
+    of 'python_error'")."""
     def work():
         try:
             context("forkserver")
@@ -381,58 +405,11 @@ def warm_up() -> threading.Thread:
         except Exception:
             pass  # the first launch will start it and report any real problem
         finally:
-            _torch_ready.set()
+            torch_ready.set()
 
     if "torch.distributed" not in sys.modules:
-        _torch_ready.clear()
+        torch_ready.clear()
     thread = threading.Thread(target=work, name="nbddp-warm-up", daemon=True)
     thread.start()
     return thread
 
-
-FIRST_CELL_STATUS = "nbddp: starting ranks: importing torch, first cell only"
-OTHER_CELL_STATUS = "nbddp: waiting for torch to finish importing (first cell after %load_ext only)"
-_status = None  # the display saying so, until the forkserver has forked (or the cell ends)
-
-
-def wait_for_torch(info=None, *_args) -> None:
-    """Block until the background import of torch (``warm_up``) has finished; at once after.
-    While it waits, the cell says why (a display emptied once the forkserver, which imports the
-    larger list, has forked the ranks, or at the end of the cell), so the first cell after
-    ``%load_ext`` is not blank for seconds. The stop button while it waits ends the wait only
-    (the cell then runs as it would have)."""
-    if _torch_ready.is_set():
-        return
-    cell = getattr(info, "raw_cell", "") or ""
-    show_status(FIRST_CELL_STATUS if cell.lstrip().startswith("%%ddp") else OTHER_CELL_STATUS)
-    try:
-        _torch_ready.wait()
-    except KeyboardInterrupt:
-        pass
-
-
-def show_status(text: str) -> None:
-    """Show ``text`` in the running cell until clear_status (only in a Jupyter kernel, from its
-    main thread: a background start of spares shows nothing)."""
-    global _status
-    if _status is not None or threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-
-        if getattr(get_ipython(), "kernel", None) is not None:
-            _status = display({"text/plain": text}, raw=True, display_id=True)
-    except Exception:
-        _status = None
-
-
-def clear_status(*_args) -> None:
-    """Empty the status display (an IPython post_run_cell hook too, for a cell that ended first)."""
-    global _status
-    status, _status = _status, None
-    if status is not None:
-        try:
-            status.update({"text/plain": ""}, raw=True)
-        except Exception:
-            pass
