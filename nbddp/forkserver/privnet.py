@@ -35,9 +35,6 @@ import subprocess
 import sys
 import threading
 
-from nbddp.core import settings
-from nbddp.rank import netrecord
-
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 SIOCGIFADDR, SIOCSIFADDR, SIOCSIFNETMASK = 0x8915, 0x8916, 0x891C
@@ -53,6 +50,8 @@ def requested() -> bool:
     """This kernel's ranks get a private network; decided once per process. ``auto`` (unset) is
     decided in the kernel, before its forkserver starts, and written back to the environment
     as ``1`` or ``0``, so the forkserver (which inherits it) reads the same answer."""
+    from nbddp.core import settings  # here: the rest of this file runs alone (the probe, stdlib only)
+
     with _decide_lock:
         if "asked" not in _probed:
             value = str(settings.read(settings.PRIVATE_NET))
@@ -96,7 +95,6 @@ def enter() -> None:
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
     _loopback_up()
     _carry_addresses(carried)
-    netrecord.entered()
 
 
 def _threads() -> int:
