@@ -138,7 +138,7 @@ def text_of(path: Path) -> str:
 
 @pytest.mark.kernel
 def test_every_option_of_the_parser_is_on_the_options_page(site):
-    from nbddp.core import launchrules
+    from nbddp.core import launchrules, linecommands
 
     page = site / "reference" / "options.html"
     text = text_of(page)
@@ -148,7 +148,7 @@ def test_every_option_of_the_parser_is_on_the_options_page(site):
     for action in parser._actions:
         if action.help and "%" not in action.help:
             assert " ".join(action.help.split()) in text, action.help
-    for word in (*spec.POOL_COMMANDS, "%ddp_pool", "%ddp_export", "%%ddp"):
+    for word in (*linecommands.POOL_COMMANDS, "%ddp_pool", "%ddp_export", "%%ddp"):
         assert word in text, word
 
 

@@ -213,9 +213,9 @@ class MagicsDirective(Directive):
             if doc:
                 section += nodes.paragraph(doc, doc.replace("``", ""))
             out.append(section)
-        commands = ", ".join(spec.POOL_COMMANDS)
+        commands = ", ".join(linecommands.POOL_COMMANDS)
         out[1] += nodes.paragraph("", f"Commands: {commands}. start and restart take the %%ddp options below.")
-        flags = ", ".join(spec._SLURM_JOB_FLAGS)
+        flags = ", ".join(linecommands._SLURM_JOB_FLAGS)
         out[2] += nodes.paragraph("", f"Options that only shape the Slurm job ({flags}) add to the last cell's "
                                       "options; any other option replaces them.")
         return out
