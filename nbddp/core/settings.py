@@ -55,8 +55,11 @@ SETTINGS = (OUTPUT, SAME_LINES, SPARES, PRELOAD, PRIVATE_NET, LOG_RANK_MB, LOG_T
 
 # Set by nbddp for the processes it starts, never read from the user: the --launcher
 # torchrun/slurm ranks' status folder, the cell's label, the --legacy-launch flag, the cell's copy.
-INTERNAL = ("_NBDDP_ELASTIC_DIR", "_NBDDP_ELASTIC_CELL_LABEL", "_NBDDP_ELASTIC_LEGACY_FLAG",
-            "_NBDDP_ELASTIC_SOURCE")
+ELASTIC_DIR = "_NBDDP_ELASTIC_DIR"
+ELASTIC_CELL_LABEL = "_NBDDP_ELASTIC_CELL_LABEL"  # how tracebacks name the cell ("Cell In[3]")
+ELASTIC_LEGACY_FLAG = "_NBDDP_ELASTIC_LEGACY_FLAG"  # the flag torch.distributed.launch passed
+ELASTIC_SOURCE = "_NBDDP_ELASTIC_SOURCE"  # nbddp's copy of the cell (nbddp/rank/cellsource.py)
+INTERNAL = (ELASTIC_DIR, ELASTIC_CELL_LABEL, ELASTIC_LEGACY_FLAG, ELASTIC_SOURCE)
 INTERNAL_MEANING = ("internal (hence the leading `_`): what `--launcher torchrun`/`slurm` tell the "
                     "ranks it starts (where to leave their status files, how tracebacks name the "
                     "cell, the `--legacy-launch` flag, the copy of the cell to run); not for you to set")

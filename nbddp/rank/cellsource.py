@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 
-SOURCE_VAR = "_NBDDP_ELASTIC_SOURCE"  # internal: set by nbddp (nbddp/core/settings.py INTERNAL)
+from nbddp.core import settings
+
+SOURCE_VAR = settings.ELASTIC_SOURCE  # internal: set by nbddp
 
 
 def read(cell_path: str) -> str:

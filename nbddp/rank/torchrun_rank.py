@@ -22,15 +22,16 @@ import types
 from nbddp.rank import cellsource
 from nbddp.rank import nostdin
 from nbddp.rank import stackwatch
+from nbddp.core import settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.exitstates import exit_status
 from nbddp.core.rankfiles import RankFiles
 from nbddp.rank.worker import cell_line
 
-STATUS_DIR_VAR = "_NBDDP_ELASTIC_DIR"  # internal (nbddp/core/settings.py INTERNAL), as the rest
+STATUS_DIR_VAR = settings.ELASTIC_DIR  # the internal names: nbddp/core/settings.py
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
-LABEL_VAR = "_NBDDP_ELASTIC_CELL_LABEL"  # how tracebacks name the cell ("Cell In[3]"; nbddp/core/cellnames.py)
-LEGACY_VAR = "_NBDDP_ELASTIC_LEGACY_FLAG"  # --legacy-launch: the flag torch.distributed.launch passed
+LABEL_VAR = settings.ELASTIC_CELL_LABEL  # how tracebacks name the cell (nbddp/core/cellnames.py)
+LEGACY_VAR = settings.ELASTIC_LEGACY_FLAG  # --legacy-launch: the flag torch.distributed.launch passed
 SAME_INTERRUPT_S = 1.0  # SIGINTs closer than this are one interrupt (see _acknowledge_sigint)
 
 
