@@ -21,7 +21,8 @@ from nbddp.sources import ranklogs
 DRAIN_LIMIT_S = 3.0
 MAX_AGENT_LINES = 10000  # torchrun's own lines kept in the kernel for the diagnosis
 EXIT_WAIT_S = 5.0
-PREFIX_TEMPLATE = "[rank${rank}]:"  # torchrun's line prefix (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)
+PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"  # torchrun's line prefix, set to
+PREFIX_TEMPLATE = "[rank${rank}]:"
 _PREFIX = re.compile(rb"^\[rank(\d+)\]:")  # ... as it reads back
 
 
