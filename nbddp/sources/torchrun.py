@@ -27,18 +27,17 @@ from nbddp.kernel import cellscript
 from nbddp.core import envvars
 from nbddp.core import diagnosis
 from nbddp.core import placement
+from nbddp.core import settings
 from nbddp.core import torchrun_cli
 from nbddp.core.cellnames import log_label
 from nbddp.core.rankfiles import RankFiles
-from nbddp.rank.cellsource import SOURCE_VAR
-from nbddp.rank.torchrun_rank import LABEL_VAR, LEGACY_VAR, PREFIX_VAR, STATUS_DIR_VAR
 from nbddp.core.envvars import legacy_flag
 from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, write_private
 from nbddp.core.result import FAILED, KILLED, RankResult, RunResult, launch_result
 from nbddp.core.launch import Launch
 from nbddp.sources import ranklogs
 from nbddp.sources.supervisor import Source, Supervisor
-from nbddp.sources.torchrun_agent import PREFIX_TEMPLATE, AgentProcess, killpg, launched_by
+from nbddp.sources.torchrun_agent import PREFIX_TEMPLATE, PREFIX_VAR, AgentProcess, killpg, launched_by
 from nbddp.sources.torchrun_ranks import TorchrunRanks
 
 
@@ -118,12 +117,12 @@ class ElasticLaunch(Source):
         env.update(dict(self.placement.env))
         env.update(dict(spec.env))
         env[PREFIX_VAR] = PREFIX_TEMPLATE
-        env[STATUS_DIR_VAR] = self.status_dir
-        env[LABEL_VAR] = self.cell_label
-        env[SOURCE_VAR] = log_copy  # what the ranks run, on every start (nbddp/rank/cellsource.py)
+        env[settings.ELASTIC_DIR] = self.status_dir  # read by nbddp/rank/torchrun_rank.py
+        env[settings.ELASTIC_CELL_LABEL] = self.cell_label
+        env[settings.ELASTIC_SOURCE] = log_copy  # what the ranks run, on every start (nbddp/rank/cellsource.py)
         flag = legacy_flag(spec)
         if flag is not None:
-            env[LEGACY_VAR] = flag
+            env[settings.ELASTIC_LEGACY_FLAG] = flag
         cmd = self.command(cell_path)
         write_private(os.path.join(log_dir, "torchrun-command.txt"), shlex.join(cmd) + "\n")  # for the user
         self.emit("launch_started", self.result, spec, self.placement.backend)
@@ -191,7 +190,7 @@ class ElasticLaunch(Source):
             return {}
         return {r: s["pid"] for r, s in self.ranks.live().items()
                 if self._here(s) and isinstance(s["pid"], int) and s["pid"] > 0
-                and launched_by(s["pid"], STATUS_DIR_VAR, self.status_dir)}
+                and launched_by(s["pid"], settings.ELASTIC_DIR, self.status_dir)}
 
     # --------------------------------------------------------------- closing
     def close(self) -> None:
