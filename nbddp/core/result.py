@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbddp.core.errors import NbddpError
 from nbddp.core.rankfiles import RankFiles
 from nbddp.core.states import FINAL_STATES, RankState  # noqa: F401 - FINAL_STATES: imported from here
 from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
@@ -179,7 +180,7 @@ class RunResult:
         raise (DDPTimeout if self.timed_out else DDPError)(self)
 
 
-class Interrupted(KeyboardInterrupt):
+class Interrupted(KeyboardInterrupt, NbddpError):
     """The stop button ended a launch: a KeyboardInterrupt that IPython shows as one line
     (``KeyboardInterrupt: nbddp: interrupted: all ranks were stopped``), not a traceback
     through nbddp; the per-rank report was shown above it and is in ``_ddp``."""
@@ -191,7 +192,7 @@ class Interrupted(KeyboardInterrupt):
 Interrupted.__name__ = "KeyboardInterrupt"  # what Jupyter names the error (ename), as for any interrupt
 
 
-class DDPError(RuntimeError):
+class DDPError(RuntimeError, NbddpError):
     """Raised by a cell when any rank failed; ``.result`` holds the whole RunResult."""
 
     def __init__(self, result: RunResult):
