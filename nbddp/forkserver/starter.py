@@ -73,6 +73,11 @@ def give_notes(show, clear) -> None:
     _notes.update(show=show, clear=clear)
 
 
+def show_note() -> None:
+    """Show the line of ``give_notes`` (a launch waits for a new forkserver's import of torch)."""
+    _notes["show"]()
+
+
 UNIX_PATH_MAX = 107  # a Unix socket's path: 108 bytes with the closing NUL
 
 

@@ -17,9 +17,9 @@ kernel's own network, or where the two differ, before any rank starts.
 """
 from __future__ import annotations
 
-import functools
 import os
 import threading
+from contextlib import contextmanager
 
 import multiprocess.forkserver
 
@@ -113,17 +113,40 @@ def _send_drops(conn) -> None:
             pass
 
 
-@functools.lru_cache(maxsize=1)  # once per kernel, as torch itself counts once per process
+_count: list = []  # torch's device count, asked once per kernel (torch counts once per process)
+
+
 def device_count() -> int:
     """How many CUDA devices torch sees for this kernel's ranks (0 without CUDA), asked of the
     host, so the kernel neither imports torch nor initialises CUDA."""
+    with _locked():
+        if not _count:
+            _count.append(_counted(_running()))
+    return _count[0]
+
+
+def _counted(conn) -> int:
+    """The host's count under this kernel's device variables (the caller holds ``_lock``)."""
     env = {name: os.environ[name] for name in DEVICE_VARIABLES if name in os.environ}
-    with _lock:
-        reply = _ask(_running(), ("devices", env))
-        if reply[0] != "ok":
-            _stop()  # an answer may still come: the next request starts a new host
-            raise DDPUsageError(f"%%ddp: could not count the CUDA devices: {reply[1]}")
+    reply = _ask(conn, ("devices", env))
+    if reply[0] != "ok":
+        _stop()  # an answer may still come: the next request starts a new host
+        raise DDPUsageError(f"%%ddp: could not count the CUDA devices: {reply[1]}")
     return reply[1]
+
+
+@contextmanager
+def _locked():
+    """Hold ``_lock``. Where the warm-up holds it (a new forkserver is importing torch before
+    it forks the host), the running cell says so while it waits (nbddp/views/startnote.py; the
+    ranks' start or the cell's end clears it)."""
+    if not _lock.acquire(blocking=False):
+        starter.show_note()
+        _lock.acquire()
+    try:
+        yield
+    finally:
+        _lock.release()
 
 
 def _ask(conn, request):
@@ -137,9 +160,8 @@ def _ask(conn, request):
 
 
 def start() -> None:
-    """Start the host now (the extension's warm-up, so the first cell need not); errors are
-    left for the first launch to report."""
-    with _lock:
+    """Start the host now; errors are left for the first launch to report."""
+    with _locked():
         _running()
 
 
@@ -147,7 +169,7 @@ def host(master_addr: str, port: int | None):
     """A store for one launch: (handle, port). Raises DDPUsageError (one line) where the port is
     taken, or (``NBDDP_PRIVATE_NET=1``) where the ranks would not be in a private network."""
     private = privnet.requested()
-    with _lock:
+    with _locked():
         conn = _running()
         why = _why_not_private() if private else ""
         if why and not _host.get("why"):  # a host left from an earlier forkserver: one new start
@@ -249,28 +271,31 @@ def _stop() -> None:
         process.join(2)
 
 
-# Set once warm_up's forkserver has imported torch and forked the store host (at once without a
-# warm-up): the extension's pre_run_cell hook waits for it (nbddp/views/startnote.py), so the
-# first cell says why it waits.
+# Set once warm_up has asked for the forkserver (at once without a warm-up): the extension's
+# pre_run_cell hook waits for it (nbddp/views/startnote.py). The kernel imports no torch, so a
+# cell need not wait for the forkserver's import; a launch waits for the host (``_locked``).
 torch_ready = threading.Event()
 torch_ready.set()
 
 
 def warm_up() -> threading.Thread:
-    """Start the forkserver (it imports torch) and its store host (the stores and the device
-    count: nbddp/forkserver/storehost.py) in the background, so the first cell does not pay for
-    them while the user is still typing; the kernel itself never imports torch. Until both are
-    up (``torch_ready``) the next cell waits, and says why."""
+    """Start the forkserver (it imports torch) and the store host in the background, so the
+    first cell does not pay for them while the user is still typing; the kernel itself never
+    imports torch. The first cell runs at once (its setup overlaps the forkserver's import);
+    its launch waits for the host, saying why (``_locked``)."""
     def work():
+        _lock.acquire()  # before the first cell can ask: it then waits here, not in a start of its own
         try:
             starter.context("forkserver")
             multiprocess.forkserver.ensure_running()
-            start()
-            device_count()  # asked once per kernel: now, not in the first cell
+            torch_ready.set()
+            if not _count:
+                _count.append(_counted(_running()))  # once per kernel: now, not in the first cell
         except Exception:
             pass  # the first launch will start it and report any real problem
         finally:
             torch_ready.set()
+            _lock.release()
 
     torch_ready.clear()
     thread = threading.Thread(target=work, name="nbddp-warm-up", daemon=True)
