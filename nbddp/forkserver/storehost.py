@@ -239,7 +239,9 @@ def _running():
         return _host["conn"]
     _stop()
     ctx = starter.context("forkserver")
-    starter.ensure_forkserver()
+    # not starter.ensure_forkserver(): the launch's own call must still see a replaced forkserver
+    # and say so in its one line
+    multiprocess.forkserver.ensure_running()
     conn, child = ctx.Pipe(duplex=True)
     process = ctx.Process(target=serve, args=(child,), name="nbddp-stores", daemon=False)
     starter.start(process)
