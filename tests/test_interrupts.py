@@ -15,6 +15,7 @@ import pytest
 from helpers import alive, wait_gone
 from kernel import Kernel
 
+
 pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 STRESS = int(os.environ.get("NBDDP_STRESS", "50"))  # interrupts per kind (fresh, pool): 100 in all
@@ -137,6 +138,26 @@ def test_forkserver_in_its_own_session_and_replaced_if_it_dies(kernel):
     notes = [line for line in reply.text.splitlines() if "forkserver had ended" in line]
     assert len(notes) == 1 and f"pid {server.pid}" in notes[0], reply.text
     assert "forkserver had ended" not in kernel.ok(NEXT).text
+
+
+def test_a_start_after_the_warm_forkserver_died_gets_a_new_ones_limit():
+    """A limit taken before the start that replaces a dead forkserver (the spares' refill, a
+    launch) is a new forkserver's, which imports torch first: it was the warm one's 10 s, and on
+    a loaded machine the replacement was killed as stuck (CI: no forkserver after the refill)."""
+    from multiprocess import forkserver
+    from nbddp.forkserver import starter
+
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    held = starter._answered, forkserver._forkserver._forkserver_pid
+    try:
+        starter._answered = forkserver._forkserver._forkserver_pid = child
+        time.sleep(0.2)
+        assert starter.answer_limit() == starter.FIRST_ANSWER_S
+    finally:
+        starter._answered, forkserver._forkserver._forkserver_pid = held
+        os.waitpid(child, 0)
 
 
 def test_forkserver_replaced_between_cells_by_the_spares_refill_is_still_reported(kernel):

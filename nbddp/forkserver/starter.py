@@ -284,8 +284,11 @@ def answer_limit() -> float:
 
 
 def _not_answered_yet() -> bool:
-    """The running forkserver has not forked a rank yet (it may still be importing torch)."""
-    return _answered is None or _answered != forkserver._forkserver._forkserver_pid
+    """The running forkserver has not forked a rank yet (it may still be importing torch), or
+    the one that has is gone: the next start makes a new one, which imports torch first (a
+    limit taken before that start must not be the warm one's 10 s)."""
+    pid = forkserver._forkserver._forkserver_pid
+    return _answered is None or _answered != pid or _ended(pid, 0)
 
 
 def start_all(processes, limit: float | None = None) -> None:
