@@ -142,11 +142,14 @@ for line in ("-n 4 --nnodes 3", "-n 4 --nproc-per-node 3 --nnodes 2"):
 # `--nproc-per-node`, and `WORLD_SIZE` is their sum, the ranks numbered by a running sum over the nodes
 # (`_assign_worker_ranks` in torch/distributed/elastic/agent/server/api.py; the `nnodes × nproc_per_node`
 # shortcut is taken only with `TORCH_ELASTIC_WORKER_IDENTICAL=1`). Two real torchrun agents on this machine,
-# `--nnodes 2`, node 0 with `--nproc-per-node 2` and node 1 with 1 (each rank only prints its variables):
+# `--nnodes 2`, node 0 with `--nproc-per-node 2` and node 1 with 1 (each rank only prints its variables, in
+# one `os.write`: the ranks of a node share torchrun's stdout, and a `print` that reaches it in pieces, as
+# under `PYTHONUNBUFFERED`, can be cut by another rank's line, `RANKRANK 0 …`):
 
 # %% uneven-nodes-code
 with open("runs/06/who.py", "w") as f:
-    f.write("import os\nprint('RANK', os.environ['RANK'], 'WORLD_SIZE', os.environ['WORLD_SIZE'], flush=True)\n")
+    f.write("import os\n"  # one write: a node's ranks share torchrun's stdout, and a print in pieces is cut
+            "os.write(1, f\"RANK {os.environ['RANK']} WORLD_SIZE {os.environ['WORLD_SIZE']}\\n\".encode())\n")
 free = socket.socket(); free.bind(("127.0.0.1", 0)); uneven_port = free.getsockname()[1]; free.close()
 agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(i),
                             "--nproc-per-node", str(n), "--master-addr", "127.0.0.1", "--master-port", str(uneven_port),
