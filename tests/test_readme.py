@@ -22,6 +22,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -169,8 +170,16 @@ def serve_and_ask(command: str, clone, env) -> dict:
         assert found.is_set(), f"`{command}` did not start:\n{''.join(lines)[-3000:]}"
         url = next(m.group(0) for m in map(re.compile(r"http://\S+/lab\?token=\w+").search, lines) if m)
         base, token = url.split("/lab?token=")
-        with urllib.request.urlopen(f"{base}/api/kernelspecs?token={token}", timeout=30) as reply:
-            return json.load(reply)
+        # the URL is printed as the server starts listening: a refused first connection is retried
+        for _ in range(60):
+            try:
+                with urllib.request.urlopen(f"{base}/api/kernelspecs?token={token}", timeout=30) as reply:
+                    return json.load(reply)
+            except urllib.error.URLError as exc:
+                if not isinstance(exc.reason, ConnectionRefusedError) or proc.poll() is not None:
+                    raise
+                time.sleep(0.5)
+        raise AssertionError(f"`{command}` refused connections for 30 s:\n{''.join(lines)[-3000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
