@@ -49,6 +49,7 @@ _hooks: list = []  # (event, callback) this extension registered with IPython
 
 def load_ipython_extension(ipython) -> None:
     from nbddp.forkserver import starter
+    from nbddp.forkserver import storehost
     from nbddp.kernel import frontend_probe
     from nbddp.magic import DDPMagics, install_interrupt_line
     from nbddp.views.startnote import StartNote
@@ -56,11 +57,11 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(DDPMagics)
     install_interrupt_line(ipython)
     frontend_probe.probe(ipython)  # the first %%ddp cell then knows whether this front end renders widgets
-    note = StartNote(starter.torch_ready)
+    note = StartNote(storehost.torch_ready)
     starter.give_notes(note.show, note.clear)  # what the cell says while a new forkserver imports torch
-    starter.warm_up()
+    storehost.warm_up()
     _say_who_can_connect()
-    # the next cells wait for that background import of torch instead of racing it
+    # the next cells wait for the forkserver's import of torch and its store host, saying so
     _hooks[:] = [("pre_run_cell", note.wait_for_torch), ("post_run_cell", note.clear)]
     for event, hook in _hooks:
         ipython.events.register(event, hook)

@@ -22,7 +22,8 @@ def _external_ipv4():
 
 
 def _run_and_inspect(kernel, line, external):
-    """Run the cell; while its ranks sleep, see what the kernel listens on at MASTER_PORT."""
+    """Run the cell; while its ranks sleep, see what listens at MASTER_PORT: the forkserver's
+    store host (nbddp/forkserver/storehost.py), under the kernel."""
     seen = {}
 
     def look(reply):
@@ -52,7 +53,9 @@ def test_non_local_master_addr_stays_reachable(kernel):
 
 
 def _inspect(pid, port, external):
-    found = {"listen": sorted({c.laddr.ip for c in psutil.Process(pid).net_connections("inet")
+    kernel = psutil.Process(pid)
+    found = {"listen": sorted({c.laddr.ip for p in [kernel] + kernel.children(recursive=True)
+                               for c in _connections(p)
                                if c.status == psutil.CONN_LISTEN and c.laddr.port == port})}
     if external:
         probe = socket.socket()
@@ -60,3 +63,10 @@ def _inspect(pid, port, external):
         found["external"] = probe.connect_ex((external, port))  # 0: connected
         probe.close()
     return found
+
+
+def _connections(process):
+    try:
+        return process.net_connections("inet")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []

@@ -76,7 +76,7 @@ def launcher_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str,
 
 
 def rank_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str, error_file: str,
-             base_env: dict[str, str] | None = None, device_count: int | None = None) -> dict[str, str]:
+             base_env: dict[str, str] | None = None, device_count: int) -> dict[str, str]:
     """The whole environment of one rank: inherited (without the hub's token), plus torchrun's,
     plus the user's ``--env``. nbddp adds no variable of its own, so the key set is torchrun's."""
     base = inherited(os.environ if base_env is None else base_env, spec)
@@ -84,8 +84,6 @@ def rank_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str, erro
     env.update(launcher_env(spec, rank, master_port=master_port, run_id=run_id,
                             error_file=error_file, base_env=base))
     # GPU placement (CUDA_VISIBLE_DEVICES for --gpus); nothing at all on a machine without CUDA
-    if device_count is None:
-        device_count = placement.cuda_device_count()
     env.update(placement.gpu_env(spec, device_count, base))
     env.update(dict(spec.env))
     return env

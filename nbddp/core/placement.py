@@ -2,7 +2,8 @@
 default backend where CUDA exists.
 
 Pure logic: the number of devices is a parameter (``device_count``), so every rule is tested on
-CPU; only :func:`cuda_device_count` asks torch, and it is called at the boundary.
+CPU; the count is torch's, asked of the forkserver's store host (nbddp/forkserver/storehost.py:
+``device_count``), so the kernel never imports torch.
 
 The choice is expressed the way cluster schedulers and torchrun users already expect: with
 ``--gpus`` the ranks get ``CUDA_VISIBLE_DEVICES`` listing the chosen devices, so inside a rank
@@ -10,7 +11,6 @@ The choice is expressed the way cluster schedulers and torchrun users already ex
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 from nbddp.core.errors import DDPUsageError
@@ -94,14 +94,3 @@ def gpu_env(spec, device_count: int, base_env: dict | None = None) -> dict[str, 
 
 def _join(values) -> str:
     return ",".join(str(v) for v in values)
-
-
-@functools.lru_cache(maxsize=1)
-def cuda_device_count() -> int:
-    """How many CUDA devices torch sees here (0 without CUDA). The one place torch is asked."""
-    try:
-        import torch
-
-        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-    except Exception:
-        return 0

@@ -73,6 +73,11 @@ def give_notes(show, clear) -> None:
     _notes.update(show=show, clear=clear)
 
 
+def show_note() -> None:
+    """Show the line of ``give_notes`` (a launch waits for a new forkserver's import of torch)."""
+    _notes["show"]()
+
+
 UNIX_PATH_MAX = 107  # a Unix socket's path: 108 bytes with the closing NUL
 
 
@@ -385,34 +390,3 @@ def _ended(pid: int, limit: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.01)
-
-
-# Set once warm_up's background import of torch has ended (at once without one): the
-# extension's pre_run_cell hook waits for it (nbddp/views/startnote.py).
-torch_ready = threading.Event()
-torch_ready.set()
-
-
-def warm_up() -> threading.Thread:
-    """Start the forkserver (and import torch here, for the rendezvous store) in the background,
-    so the first cell does not pay for it while the user is still typing. Until that import
-    has finished (``torch_ready``), the next cell waits for it instead of importing torch at
-    the same time: two threads importing torch's nested packages at once can fail or abort the
-    kernel (pytorch/pytorch#182560; seen here as "terminate called after throwing an instance
-    of 'python_error'")."""
-    def work():
-        try:
-            context("forkserver")
-            forkserver.ensure_running()
-            import torch.distributed  # noqa: F401 - the launcher hosts a TCPStore
-        except Exception:
-            pass  # the first launch will start it and report any real problem
-        finally:
-            torch_ready.set()
-
-    if "torch.distributed" not in sys.modules:
-        torch_ready.clear()
-    thread = threading.Thread(target=work, name="nbddp-warm-up", daemon=True)
-    thread.start()
-    return thread
-

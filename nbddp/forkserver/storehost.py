@@ -1,10 +1,14 @@
-"""The process that hosts the rendezvous stores inside the kernel's private network
-(``NBDDP_PRIVATE_NET=1``, nbddp/forkserver/privnet.py). A TCPStore's master also connects to itself, so it
-must live in the ranks' network namespace; the kernel cannot enter one (it has threads), so one
-small process forked by the (private) forkserver hosts every launch's store on request, and
-ends with the kernel (its pipe closes). Requests, one at a time over that pipe:
-``("host", master_addr, port)`` → ``("ok", port)`` | ``("error", one line)``, and
-``("drop", port)`` when the launch that used it has ended.
+"""The process that hosts every launch's rendezvous store, and answers the CUDA device count, so
+the notebook kernel never imports torch (a kernel with torch is ~250 MB; without, ~60 MB:
+docs/explanation/performance.md). One small process forked by the forkserver (torch is
+preloaded there) hosts the stores on request and ends with the kernel (its pipe closes). In a
+private network (``NBDDP_PRIVATE_NET=1``, nbddp/forkserver/privnet.py) it must be this way anyway:
+a TCPStore's master also connects to itself, so it must live in the ranks' network namespace,
+which the kernel (it has threads) cannot enter. Requests, one at a time over that pipe:
+``("host", master_addr, port)`` → ``("ok", port)`` | ``("error", one line)``;
+``("drop", port)`` when the launch that used it has ended; ``("devices", env)`` →
+``("ok", count)``: torch's CUDA device count under the kernel's ``CUDA_VISIBLE_DEVICES`` and the
+like (this process is a leaf: CUDA initialised here harms no fork).
 
 Fail closed: the host says, when it is ready, which network it is in and whether the forkserver
 it was forked from could not enter the private one (nbddp/rank/netrecord.py); a launch is refused in
@@ -15,6 +19,9 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import contextmanager
+
+import multiprocess.forkserver
 
 from nbddp.core import settings
 from nbddp.core.errors import DDPUsageError
@@ -46,6 +53,9 @@ def serve(conn) -> None:
         if request[0] == "drop":
             stores.pop(request[1], None)
             continue
+        if request[0] == "devices":
+            conn.send(("ok", _device_count(request[1])))
+            continue
         try:
             store, port = host_store(request[1], request[2])
         except DDPUsageError as exc:
@@ -55,6 +65,27 @@ def serve(conn) -> None:
         conn.send(("ok", port))
 
 
+def _device_count(env: dict) -> int:
+    """torch's CUDA device count with the kernel's device variables (0 without CUDA)."""
+    for name in DEVICE_VARIABLES:
+        if name in env:
+            os.environ[name] = env[name]
+        else:
+            os.environ.pop(name, None)
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+# what decides which CUDA devices torch sees (read in the kernel, applied in the host)
+DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES",
+                    "ROCR_VISIBLE_DEVICES", "PYTORCH_NVML_BASED_CUDA_CHECK")
+_drops: list = []  # ports whose launch ended while a request held the pipe: sent with the next
+
+
 class HostedStore:
     """The kernel's handle on one store in the host; dropping it releases the store."""
 
@@ -62,23 +93,85 @@ class HostedStore:
         self.port = port
 
     def __del__(self):
-        if _lock.acquire(blocking=False):  # never wait here: a request is on the pipe
+        _drops.append(self.port)  # list.append is atomic: no lock, never a wait here
+        if _lock.acquire(blocking=False):  # else the request holding the pipe sends it
             try:
-                conn = _host.get("conn")
-                if conn is not None:
-                    conn.send(("drop", self.port))
-            except (OSError, ValueError):
-                pass
+                _send_drops(_host.get("conn"))
             finally:
                 _lock.release()
 
 
+def _send_drops(conn) -> None:
+    """Release the stores of ended launches (the caller holds ``_lock``) before a new one: a
+    fixed --master-port is free again for the next launch, as with a store in the kernel."""
+    while _drops:
+        port = _drops.pop()
+        try:
+            if conn is not None:
+                conn.send(("drop", port))
+        except (OSError, ValueError):
+            pass
+
+
+_count: list = []  # torch's device count, asked once per kernel (torch counts once per process)
+
+
+def device_count() -> int:
+    """How many CUDA devices torch sees for this kernel's ranks (0 without CUDA), asked of the
+    host, so the kernel neither imports torch nor initialises CUDA."""
+    with _locked():
+        if not _count:
+            _count.append(_counted(_running()))
+    return _count[0]
+
+
+def _counted(conn) -> int:
+    """The host's count under this kernel's device variables (the caller holds ``_lock``)."""
+    env = {name: os.environ[name] for name in DEVICE_VARIABLES if name in os.environ}
+    reply = _ask(conn, ("devices", env))
+    if reply[0] != "ok":
+        _stop()  # an answer may still come: the next request starts a new host
+        raise DDPUsageError(f"%%ddp: could not count the CUDA devices: {reply[1]}")
+    return reply[1]
+
+
+@contextmanager
+def _locked():
+    """Hold ``_lock``. Where the warm-up holds it (a new forkserver is importing torch before
+    it forks the host), the running cell says so while it waits (nbddp/views/startnote.py; the
+    ranks' start or the cell's end clears it)."""
+    if not _lock.acquire(blocking=False):
+        starter.show_note()
+        _lock.acquire()
+    try:
+        yield
+    finally:
+        _lock.release()
+
+
+def _ask(conn, request):
+    """One request and its answer (the caller holds ``_lock``); ("error", why) on no answer."""
+    try:
+        conn.send(request)
+        answered = conn.poll(ANSWER_S)
+        return conn.recv() if answered else ("error", f"no answer within {ANSWER_S:g} s")
+    except (EOFError, OSError) as exc:
+        return ("error", f"the store host ended ({exc or 'pipe closed'})")
+
+
+def start() -> None:
+    """Start the host now; errors are left for the first launch to report."""
+    with _locked():
+        _running()
+
+
 def host(master_addr: str, port: int | None):
-    """A store for one launch, hosted in the private network: (handle, port). Raises
-    DDPUsageError (one line) where the ranks would not be in a private network."""
-    with _lock:
+    """A store for one launch: (handle, port). Raises DDPUsageError (one line) where the port is
+    taken, or (``NBDDP_PRIVATE_NET=1``) where the ranks would not be in a private network."""
+    private = privnet.requested()
+    with _locked():
         conn = _running()
-        why = _why_not_private()
+        why = _why_not_private() if private else ""
         if why and not _host.get("why"):  # a host left from an earlier forkserver: one new start
             _stop()
             conn = _running()
@@ -86,17 +179,13 @@ def host(master_addr: str, port: int | None):
         if why:
             _stop()
             raise DDPUsageError(refusal(why))
-        try:
-            conn.send(("host", master_addr, port))
-            answered = conn.poll(ANSWER_S)
-            reply = conn.recv() if answered else ("error", f"no answer within {ANSWER_S:g} s")
-        except (EOFError, OSError) as exc:
-            reply = ("error", f"the store host ended ({exc or 'pipe closed'})")
+        _send_drops(conn)
+        reply = _ask(conn, ("host", master_addr, port))
         if reply[0] != "ok":
             if not reply[1].startswith("%%ddp:"):
                 _stop()  # the next launch starts a new host
-                raise DDPUsageError(f"%%ddp: could not start the rendezvous store in the private "
-                                 f"network: {reply[1]}")
+                where = " in the private network" if private else ""
+                raise DDPUsageError(f"%%ddp: could not start the rendezvous store{where}: {reply[1]}")
             raise DDPUsageError(reply[1])
     return HostedStore(reply[1]), reply[1]
 
@@ -150,7 +239,9 @@ def _running():
         return _host["conn"]
     _stop()
     ctx = starter.context("forkserver")
-    starter.ensure_forkserver()
+    # not starter.ensure_forkserver(): the launch's own call must still see a replaced forkserver
+    # and say so in its one line
+    multiprocess.forkserver.ensure_running()
     conn, child = ctx.Pipe(duplex=True)
     process = ctx.Process(target=serve, args=(child,), name="nbddp-stores", daemon=False)
     starter.start(process)
@@ -170,6 +261,7 @@ def _running():
 
 
 def _stop() -> None:
+    _drops.clear()  # the stores go with the host
     conn, process = _host.pop("conn", None), _host.pop("process", None)
     _host.pop("net", None)
     _host.pop("why", None)
@@ -179,3 +271,36 @@ def _stop() -> None:
         if process.exitcode is None:
             process.kill()
         process.join(2)
+
+
+# Set once warm_up has asked for the forkserver (at once without a warm-up): the extension's
+# pre_run_cell hook waits for it (nbddp/views/startnote.py). The kernel imports no torch, so a
+# cell need not wait for the forkserver's import; a launch waits for the host (``_locked``).
+torch_ready = threading.Event()
+torch_ready.set()
+
+
+def warm_up() -> threading.Thread:
+    """Start the forkserver (it imports torch) and the store host in the background, so the
+    first cell does not pay for them while the user is still typing; the kernel itself never
+    imports torch. The first cell runs at once (its setup overlaps the forkserver's import);
+    its launch waits for the host, saying why (``_locked``)."""
+    def work():
+        _lock.acquire()  # before the first cell can ask: it then waits here, not in a start of its own
+        try:
+            starter.context("forkserver")
+            multiprocess.forkserver.ensure_running()
+            torch_ready.set()
+            if not _count:
+                _count.append(_counted(_running()))  # once per kernel: now, not in the first cell
+        except Exception:
+            pass  # the first launch will start it and report any real problem
+        finally:
+            torch_ready.set()
+            _lock.release()
+
+    torch_ready.clear()
+    thread = threading.Thread(target=work, name="nbddp-warm-up", daemon=True)
+    thread.start()
+    return thread
+

@@ -6,6 +6,7 @@ nbddp/kernel/pushing.py).
 from __future__ import annotations
 
 from nbddp.core import placement
+from nbddp.forkserver import storehost
 from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
 from nbddp.kernel.cellfiles import cell_files
@@ -17,7 +18,7 @@ from nbddp.sources.supervisor import Supervisor
 def run(launch: Launch) -> RunResult:
     """One fresh launch: placed (a bad --gpus stops here, before anything is made), its log
     folder, the per-cell files, the ranks under the supervisor."""
-    plan = placement.plan(launch.spec, placement.cuda_device_count(), launch.env_base)
+    plan = placement.plan(launch.spec, storehost.device_count(), launch.env_base)
     log_dir = new_log_dir(launch.spec.log_dir)  # a --log-dir refused before anything is made
     with cell_files(launch.cwd, launch.source, launch.push) as files:
         ranks = ForkRanks(launch, plan=plan, push=files.push, log_dir=log_dir, script=files.script)

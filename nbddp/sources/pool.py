@@ -18,6 +18,7 @@ from dataclasses import replace
 from nbddp.core import diagnosis
 from nbddp.kernel import logdirs
 from nbddp.core import placement
+from nbddp.forkserver import storehost
 from nbddp.kernel.cellfiles import cell_files
 from nbddp.sources import supervisor
 from nbddp.core import messages as msg
@@ -257,7 +258,7 @@ class LivePool:
         self.log_root = logdirs.new_log_dir(spec.log_dir, hold=True)  # kept while the pool lives
         self.store, port = host_for(spec)
         self.master_port = port
-        devices = placement.cuda_device_count()
+        devices = storehost.device_count()
         plan = placement.plan(spec, devices, self.base_env)
         self.backend, self.backend_note = plan.backend, plan.note
         source.result = self._fresh_result(self.log_root)

@@ -27,6 +27,7 @@ from nbddp.kernel import cellscript
 from nbddp.core import envvars
 from nbddp.core import diagnosis
 from nbddp.core import placement
+from nbddp.forkserver import storehost
 from nbddp.core import settings
 from nbddp.core import torchrun_cli
 from nbddp.core.cellnames import log_label
@@ -61,7 +62,7 @@ class ElasticLaunch(Source):
         self.sinks = list(launch.sinks)
         self.cwd = os.path.abspath(launch.cwd)
         self.base_env = dict(launch.env_base)
-        self.device_count = placement.cuda_device_count() if device_count is None else device_count
+        self.device_count = storehost.device_count() if device_count is None else device_count
         self.placement = placement.plan(spec, self.device_count, self.base_env)  # once per launch
         self.options = self.agent_options()
         self.agent: AgentProcess | None = None

@@ -1,7 +1,8 @@
 """The notebook's side of the forkserver's start: a line in the running cell while a new
 forkserver imports torch (seconds, the first cell only), emptied once it has forked the ranks
-or the cell ends, and the IPython hooks that make the first cells after ``%load_ext`` wait for
-the background import of torch (nbddp/forkserver/starter.py's ``warm_up``) instead of racing it.
+or the cell ends, and the IPython hooks that hold the first cell after ``%load_ext`` until the
+warm-up (nbddp/forkserver/storehost.py's ``warm_up``) holds the store host's lock, so the cell's
+launch waits for that host rather than starting one of its own. The kernel never imports torch.
 
 The extension (nbddp/__init__.py) makes one and gives it to the starter (``show``/``clear``)
 and to IPython (``wait_for_torch`` before each cell, ``clear`` after): the starter itself knows
@@ -15,18 +16,18 @@ OTHER_CELL_STATUS = "nbddp: waiting for torch to finish importing (first cell af
 
 
 class StartNote:
-    """The status line of one kernel; ``torch_ready`` is set once the warm-up's import ended."""
+    """The status line of one kernel; ``torch_ready`` is set once the warm-up has asked for the
+    forkserver and holds the store host's lock (nbddp/forkserver/storehost.py: warm_up)."""
 
     def __init__(self, torch_ready: threading.Event):
         self.torch_ready = torch_ready
         self._status = None  # the display saying so, until the forkserver has forked (or the cell ends)
 
     def wait_for_torch(self, info=None, *_args) -> None:
-        """(pre_run_cell) Block until the background import of torch has finished; at once
-        after. While it waits, the cell says why, so the first cell after ``%load_ext`` is not
-        blank for seconds. The stop button while it waits ends the wait only (the cell then
-        runs as it would have): two threads importing torch's nested packages at once can fail
-        or abort the kernel (pytorch/pytorch#182560)."""
+        """(pre_run_cell) Block until the warm-up has asked for the forkserver (a moment; the
+        launch then waits for the store host, showing this line too); at once after. While it
+        waits, the cell says why. The stop button while it waits ends the wait only (the cell
+        then runs as it would have)."""
         if self.torch_ready.is_set():
             return
         cell = getattr(info, "raw_cell", "") or ""
