@@ -184,12 +184,21 @@ class Kernel:
                 timeout=180)
 
     def descendants(self) -> list[psutil.Process]:
-        """Processes under the kernel, without nbddp's idle spares (they have run nothing)."""
+        """Processes under the kernel, without nbddp's idle spares (they have run nothing) and
+        its store host (it lives as long as the kernel, like the forkserver: ``store_host``)."""
         try:
             procs = psutil.Process(self.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
-        return [p for p in procs if not _is_spare(p)]
+        return [p for p in procs if not _is_spare(p) and not _is_store_host(p)]
+
+    def store_host(self) -> psutil.Process | None:
+        """The forkserver's process that hosts this kernel's rendezvous stores, if it runs."""
+        try:
+            procs = psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return None
+        return next((p for p in procs if _is_store_host(p)), None)
 
     def forkserver(self) -> psutil.Process | None:
         """The kernel's forkserver (its child that runs multiprocess's forkserver), if it runs."""
@@ -223,8 +232,16 @@ def _is_spare(proc) -> bool:
         return False
 
 
+def _is_store_host(proc) -> bool:
+    try:
+        return proc.name() == "nbddp-stores"
+    except psutil.Error:
+        return False
+
+
 def worker_pids(kernel: Kernel) -> list[int]:
-    """Processes under the kernel that are ranks (not the forkserver or resource tracker)."""
+    """Processes under the kernel that are ranks (not the forkserver, its store host or the
+    resource tracker)."""
     kernel.settle()
     result = []
     for proc in kernel.descendants():

@@ -17,6 +17,7 @@ kernel's own network, or where the two differ, before any rank starts.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from contextlib import contextmanager
@@ -243,7 +244,10 @@ def _running():
     # and say so in its one line
     multiprocess.forkserver.ensure_running()
     conn, child = ctx.Pipe(duplex=True)
-    process = ctx.Process(target=serve, args=(child,), name="nbddp-stores", daemon=False)
+    # daemonic: at the interpreter's exit multiprocess ends it rather than waiting for it (it
+    # waits on this pipe, so a plain script using nbddp.run would never end); _at_exit closes
+    # the pipe first, so it normally ends on its own
+    process = ctx.Process(target=serve, args=(child,), name="nbddp-stores", daemon=True)
     starter.start(process)
     child.close()
     if not conn.poll(ANSWER_S):
@@ -255,9 +259,25 @@ def _running():
         process.kill()
         raise DDPUsageError("%%ddp: the rendezvous store host ended as it started") from None
     _host.update(conn=conn, process=process, net=ready[1], why=ready[2] if len(ready) > 2 else "")
+    if not _exit_hooked:
+        _exit_hooked.append(True)
+        atexit.register(_at_exit)  # registered after multiprocess's own hook, so it runs first
     forkguard.hold(conn.fileno())  # a child the kernel forks must not keep the host alive
     forkguard.on_child(_host.clear)
     return conn
+
+
+_exit_hooked: list = []
+
+
+def _at_exit() -> None:
+    """At the interpreter's exit: close the pipe so the host ends on its own (no wait here:
+    the lock may be held by a thread the exit abandons)."""
+    conn, process = _host.pop("conn", None), _host.pop("process", None)
+    if conn is not None:
+        conn.close()
+    if process is not None:
+        process.join(2)
 
 
 def _stop() -> None:
