@@ -4,7 +4,7 @@ Every launch comes through here, from ``%%ddp`` (nbddp/magic.py parses its line 
 ``run``), from ``nbddp.Pool.run`` and from scripts and tests: the options become a LaunchSpec and
 every rule is checked (nbddp/core/launchrules.py: a DDPUsageError, a ValueError, before anything
 starts); ``launchrules.choose_source`` names the process source, ``SOURCES`` (the one table:
-fresh local ranks, the running pool, torchrun's agent, Slurm) maps the name to its
+fresh local ranks, the running pool, torchrun's agent, Slurm, Ray) maps the name to its
 ``run(launch)``; the sinks are built once (nbddp/views/choose.py), the request once
 (nbddp/core/launch.py); the RunResult comes back."""
 from __future__ import annotations
@@ -16,10 +16,11 @@ from nbddp.core.errors import DDPUsageError
 from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
 from nbddp.core.spec import LaunchSpec
-from nbddp.sources import local, pool as on_pool, slurm, torchrun
+from nbddp.sources import local, pool as on_pool, ray, slurm, torchrun
 from nbddp.views import choose
 
-SOURCES = {"local": local.run, "pool": on_pool.run, "torchrun": torchrun.run, "slurm": slurm.run}
+SOURCES = {"local": local.run, "pool": on_pool.run, "torchrun": torchrun.run, "slurm": slurm.run,
+           "ray": ray.run}
 
 
 def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec | None = None,

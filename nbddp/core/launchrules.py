@@ -199,7 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="merge (default): a line several ranks print is shown once, as [ranks 0–3]:; apart: per rank")
     p.add_argument("--log-dir", dest="log_dir", default=None, help="where full per-rank logs are kept")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local",
-                   help="local (fast workers on this machine) or torchrun (torch.distributed.run)")
+                   help="local (fast workers on this machine), torchrun (torch.distributed.run), slurm "
+                        "(srun + torchrun per node) or ray (a Ray cluster, torchrun per node)")
+    p.add_argument("--ray-address", dest="ray_address", default=None, metavar="ADDRESS",
+                   help="the Ray cluster of --launcher ray: HOST:PORT, ray://HOST:PORT or auto "
+                        "(default: RAY_ADDRESS, else a local Ray started for the cell)")
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=None,
                    help="HOST:PORT every node meets at (torchrun launcher, c10d rendezvous)")
     p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="c10d",
@@ -266,7 +270,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
                      rdzv_timeout=ns.rdzv_timeout,
                      gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, export=ns.export,
                      slurm=ns.slurm, partition=ns.partition, account=ns.account, time_limit=ns.time_limit,
-                     sbatch=ns.sbatch, pdb=ns.pdb, max_ranks=ns.max_ranks)
+                     sbatch=ns.sbatch, pdb=ns.pdb, max_ranks=ns.max_ranks, ray_address=ns.ray_address)
 
 
 def _glue_sbatch(words: list[str]) -> list[str]:
@@ -423,7 +427,7 @@ _TYPES = {  # what each LaunchSpec field takes, as the Python API may be given a
     "gpus": (lambda v: v is None or _ints(v), "device numbers"), "export": _OPT_STR, "slurm": _BOOL,
     "partition": _OPT_STR, "account": _OPT_STR, "time_limit": _OPT_STR,
     "sbatch": (_texts, "#SBATCH options"), "pdb": _BOOL, "max_ranks": _OPT_INT,
-    "exit_grace": (_is_seconds, "a number of seconds"),
+    "exit_grace": (_is_seconds, "a number of seconds"), "ray_address": _OPT_STR,
 }
 assert set(_TYPES) == set(LaunchSpec.__dataclass_fields__)
 MAX_SECONDS = 365 * 24 * 3600.0  # any longer is a typo (and past what some waits accept)
@@ -538,7 +542,7 @@ def check_log_dir(path: str) -> None:
 def _check_capacity(spec: LaunchSpec) -> None:
     """No more ranks than the machine runs (nbddp/core/capacity.py), unless --max-ranks says so:
     the local launcher runs every rank here, torchrun this node's, Slurm none."""
-    if spec.launcher == "slurm":
+    if spec.launcher in ("slurm", "ray"):  # the cluster's nodes run the ranks
         here, machine = spec.world_size, None
     else:
         here = spec.world_size if spec.launcher == "local" else spec.nproc_per_node
@@ -595,6 +599,8 @@ def _check(spec: LaunchSpec) -> None:
             if value is not None:
                 raise DDPUsageError(f"%%ddp: {name} is a Slurm option: use it with --launcher slurm, "
                                  "or with --export SCRIPT.py --slurm")
+    if spec.ray_address is not None and spec.launcher != "ray":
+        raise DDPUsageError("%%ddp: --ray-address names the Ray cluster of --launcher ray: use them together")
     if spec.launcher == "slurm" and spec.sbatch and not spec.slurm:
         raise DDPUsageError("%%ddp: --sbatch lines are for the exported job (--export SCRIPT.py --slurm); "
                          "a --launcher slurm cell takes --partition, --account and --time")

@@ -1,0 +1,135 @@
+"""``%%ddp --launcher ray``: the cell runs on a Ray cluster, one torchrun per node.
+
+A thin variant of the torchrun launcher (nbddp/sources/torchrun.py), as ``--launcher slurm`` is:
+the agent the kernel starts and reads is a Ray driver (nbddp/raynode/driver.py) that reserves
+one placement-group bundle per node (STRICT_SPREAD), places an actor in each, and has each start
+``python -m torch.distributed.run`` for its node's ranks, meeting at a c10d rendezvous on node 0.
+Every rank's environment is torchrun's (the node's environment, as Ray's workers have it, plus
+``--env``), and the cell runs as the same script. The driver writes every node's ``[rankN]:``
+lines to its own output, so the live view, ``_ddp``, causes, hints and ``--timeout`` are the
+torchrun launcher's; ranks on this machine are also signalled (and asked for stacks) by pid.
+
+The cluster is ``--ray-address``, else ``RAY_ADDRESS``, else a local Ray the driver starts and
+stops (one node: ``--nnodes 1``). An interrupt reaches every node's torchrun through the driver;
+however the driver ends, its actors, placement group and every torchrun end with it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import sys
+
+from nbddp.core import rayaddress, torchrun_cli
+from nbddp.core.errors import DDPUsageError
+from nbddp.core.launch import Launch
+from nbddp.core.rankfiles import RankFiles
+from nbddp.core.result import RunResult
+from nbddp.kernel.logdirs import write_private
+from nbddp.raynode import driver
+from nbddp.sources.slurm_script import wants_gpus
+from nbddp.sources.torchrun import ElasticLaunch
+
+CONNECT_CHECK_S = 5.0
+INSTALL_HINT = 'pip install "nbddp[ray]"'
+
+
+class RayLaunch(ElasticLaunch):
+    """One launch through a Ray driver + one torchrun per node: ``RayLaunch(launch, address).run()``."""
+
+    interrupted_note = "interrupted: every node's torchrun and all its ranks were stopped"
+
+    def __init__(self, launch: Launch, address: rayaddress.RayAddress):
+        super().__init__(launch, device_count=0)  # each node's GPUs are Ray's to give (CUDA_VISIBLE_DEVICES)
+        self.address = address
+
+    def agent_options(self) -> list[str]:
+        return torchrun_cli.slurm_options(self.spec, str(self.spec.nnodes), driver.ENDPOINT, backend="c10d")
+
+    def expected_ranks(self) -> list[tuple[int, int, int]]:
+        k = self.spec.nproc_per_node
+        return [(r, r % k, r // k) for r in range(self.spec.world_size)]
+
+    def _start(self) -> None:
+        super()._start()
+        if self.address.local:
+            self.note("no --ray-address or RAY_ADDRESS: a local Ray is started for this cell and stopped after it")
+
+    def command(self, cell_path: str) -> list[str]:
+        """The driver's command; what it does is in its config file (the launch's log folder)."""
+        spec, log_dir = self.spec, self.result.log_dir
+        copy = RankFiles(log_dir).cell_copy
+        config = {
+            "address": self.address.text,
+            "local_cpus": max(os.cpu_count() or 1, spec.nproc_per_node),
+            "nnodes": spec.nnodes, "cpus": spec.nproc_per_node,
+            "gpus": spec.nproc_per_node if wants_gpus(spec) else 0,
+            "port": spec.master_port,
+            "argv": self.options + torchrun_cli.rank_entry(log_dir, cell_path, spec.script_args),
+            "env": self.launch_env(), "conf_tail": torchrun_cli.conf_tail(spec), "cwd": self.cwd,
+            "files": {path: self.source_text for path in {cell_path, copy}},
+            "dirs": [self.status_dir],
+            "nodes_file": os.path.join(log_dir, "ray-nodes.json"),
+        }
+        path = os.path.join(log_dir, "ray-launch.json")
+        failed = write_private(path, json.dumps(config))
+        if failed is not None:
+            raise OSError(failed.errno, f"nbddp: cannot write the Ray launch's config in {log_dir} "
+                          f"({failed.strerror}); nothing was started")
+        return [sys.executable, "-m", "nbddp.raynode.driver", path]
+
+    def stop_agent(self, sig: int) -> None:
+        """SIGINT and SIGTERM to the driver alone (it passes them to every node's torchrun; a
+        local Ray it started shares its session and must not get them); SIGKILL to its session."""
+        agent = self.agent
+        if agent is None or not agent.running():
+            return
+        if sig == signal.SIGKILL:
+            agent.signal_group(sig)
+            return
+        try:
+            os.kill(agent.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _here(self, status: dict) -> bool:
+        """Only this machine's ranks can be signalled by pid; the driver reaches the others."""
+        return status.get("host", socket.gethostname()) == socket.gethostname()
+
+    def _agent_failure(self, text: str, rc: int) -> str:
+        said = [line.strip() for line in self.agent_lines if line.startswith(driver.SAYS)]
+        if said:  # the driver's own reason to stop (no placement, a lost node), not torchrun's
+            return f"{said[0][len(driver.SAYS):]} (the Ray driver's log: {self.agent.agent_log})"
+        return super()._agent_failure(text, rc)
+
+
+def check_available(spec, env: dict) -> rayaddress.RayAddress:
+    """Ray importable, the address well formed and reachable, a local Ray only for one node:
+    a DDPUsageError before anything starts; the address to use."""
+    if importlib.util.find_spec("ray") is None:
+        raise DDPUsageError(f"%%ddp: --launcher ray needs Ray in the kernel's Python: {INSTALL_HINT}")
+    try:
+        address = rayaddress.choose(spec.ray_address, env)
+    except ValueError as exc:
+        raise DDPUsageError(f"%%ddp: {exc}") from None
+    if address.local and spec.nnodes > 1:
+        raise DDPUsageError(f"%%ddp: --nnodes {spec.nnodes} with --launcher ray needs a Ray cluster of "
+                            f"{spec.nnodes} nodes: give its address (--ray-address HOST:PORT, or "
+                            f"RAY_ADDRESS); a local Ray is one node")
+    if address.host is not None:
+        try:
+            socket.create_connection((address.host, address.port), timeout=CONNECT_CHECK_S).close()
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+            raise DDPUsageError(f"%%ddp: the Ray cluster at {address.text} ({address.origin}) cannot be "
+                                f"reached: {why}; start one with `ray start --head`, or give another "
+                                f"address") from None
+    return address
+
+
+def run(launch: Launch) -> RunResult:
+    """Ray's entry in nbddp/api.py's table of sources (``--launcher ray``)."""
+    address = check_available(launch.spec, launch.env_base)
+    return RayLaunch(launch, address).run()
