@@ -1,4 +1,4 @@
-"""The Ray driver of one ``--launcher ray`` cell: ``python -m nbddp.raynode.driver CONFIG.json``.
+"""The Ray driver of one ``--launcher ray`` cell: ``python -m nbddp.raynode CONFIG.json``.
 
 Started by the kernel as the launch's agent (nbddp/sources/ray.py), in a session of its
 own, as srun is for ``--launcher slurm``. It connects to the Ray cluster the config names, or
@@ -12,8 +12,9 @@ stderr, which the kernel reads as it reads torchrun's.
 Signals (from the kernel's supervisor) are recorded by the handler and passed on by the main
 loop to every node's torchrun (SIGINT: torchrun's own shutdown). However it ends, the driver
 stops every torchrun, kills its actors, removes the placement group and disconnects (a local Ray
-stops with it); if it is killed, Ray ends the actors it owned, and each torchrun is told by its
-death signal. Its own reasons to stop are lines starting ``nbddp: `` on stderr; its exit code is
+stops with it); if it is killed, Ray ends the actors it owned, and each torchrun dies with its
+actor. A node whose torchrun failed has the others stopped (as srun's --kill-on-bad-exit). Its
+own reasons to stop are lines starting ``nbddp: `` on stderr; its exit code is
 the first failed node's torchrun's.
 """
 from __future__ import annotations
@@ -112,9 +113,10 @@ def main(config_path: str) -> int:
 
 def _pump(ray, actors) -> int:
     """Every node's output to this process's stdout/stderr until every torchrun has ended; the
-    signals received passed on. The exit code: the first failed node's."""
+    signals received passed on, and SIGTERM to the others once a node's torchrun failed. The
+    exit code: the first failed node's."""
     codes: dict[int, int] = {}
-    passed = 0
+    passed, stopping = 0, False
     while len(codes) < len(actors):
         while passed < len(_received):
             sig = _received[passed]
@@ -133,6 +135,9 @@ def _pump(ray, actors) -> int:
             _write(sys.stderr, err)
             if rc is not None:
                 codes[i] = rc
+        if any(codes.values()) and not stopping and len(codes) < len(actors):
+            stopping = True  # a failed node stops the others (srun's --kill-on-bad-exit): their torchrun
+            _received.append(signal.SIGTERM)  # would wait for it at its exit barrier for minutes
     failed = [rc for i, rc in sorted(codes.items()) if rc != 0]
     return failed[0] if failed else 0
 
@@ -176,6 +181,3 @@ def _host(ip: str) -> str:
 def _res(resources: dict) -> str:
     return ",".join(f"{k}={v:g}" for k, v in sorted(resources.items()) if k in ("CPU", "GPU"))
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))

@@ -1,9 +1,10 @@
 """The Ray actor ``--launcher ray`` places on each node: it starts that node's torchrun and hands
 its output back to the driver (nbddp/raynode/driver.py) in whole lines.
 
-One per placement-group bundle. torchrun runs in a session of its own and is told (SIGTERM, as by
+One per placement-group bundle. torchrun runs in a session of its own and is killed (by
 PR_SET_PDEATHSIG) when this actor's process dies, however it dies: its ranks, which die with
-torchrun (nbddp/rank/torchrun_rank.py), go too. Every method returns at once or within
+torchrun (nbddp/rank/torchrun_rank.py), go too. Not SIGTERM: torchrun's own shutdown then waits
+on a rendezvous store that may be gone with the actor's node, and would outlive it. Every method returns at once or within
 ``READ_WAIT_S``, so a signal queued behind a read is sent within that time (the actor runs one
 method at a time, on its main thread: the death signal is tied to the thread that forked).
 """
@@ -17,16 +18,22 @@ import subprocess
 import sys
 
 READ_WAIT_S = 0.2
+UNBUFFERED = "-u"  # torchrun copies the ranks' lines to its stdout, a pipe here: line by line, not in 8 KiB blocks
 MAX_CHUNK = 1 << 20
 RUN_MODULE = "torch.distributed.run"
 
 
 def _torchrun_preexec() -> None:  # in the child between fork and exec
     os.setsid()
+    # a Ray worker ignores SIGINT (the driver's Ctrl-C is not its own) and the ignoring survives
+    # exec: torchrun and its ranks get every signal as under a shell
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     try:
         import ctypes
 
-        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG: the actor dies → told
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG: the actor dies → so does it
     except Exception:
         pass
 
@@ -65,7 +72,7 @@ class NodeAgent:
                 self.written.append(path)
         full = dict(os.environ)
         full.update(env)
-        self.proc = subprocess.Popen([sys.executable, "-m", RUN_MODULE] + list(argv), env=full,
+        self.proc = subprocess.Popen([sys.executable, UNBUFFERED, "-m", RUN_MODULE] + list(argv), env=full,
                                      cwd=cwd if os.path.isdir(cwd) else None, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      preexec_fn=_torchrun_preexec)

@@ -78,7 +78,7 @@ class RayLaunch(ElasticLaunch):
         if failed is not None:
             raise OSError(failed.errno, f"nbddp: cannot write the Ray launch's config in {log_dir} "
                           f"({failed.strerror}); nothing was started")
-        return [sys.executable, "-m", "nbddp.raynode.driver", path]
+        return [sys.executable, "-m", "nbddp.raynode", path]
 
     def stop_agent(self, sig: int) -> None:
         """SIGINT and SIGTERM to the driver alone (it passes them to every node's torchrun; a
