@@ -7,6 +7,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -204,3 +206,19 @@ def test_usage_errors_before_anything_starts(kernel):
     reply = kernel.execute("%ddp_pool start --launcher ray -n 2")
     assert reply.status == "error" and "a pool runs on the local launcher only" in reply.stderr, reply.text
     assert not ray_processes(kernel)
+
+
+def test_exported_ray_job_runs_the_script_with_one_torchrun_per_node(cluster, kernel, tmp_path):
+    reply = kernel.ok(f"%%ddp_export {tmp_path}/job.py --nnodes 2 --nproc-per-node 1 --ray\n" + ALL_REDUCE)
+    assert f"wrote {tmp_path}/job_ray.py; submit it to a Ray cluster from {tmp_path}/ with: " \
+           "ray job submit --working-dir . -- python job_ray.py" in reply.stdout, reply.text
+    # what `ray job submit` runs: the entrypoint in the uploaded folder, RAY_ADDRESS set to the cluster
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    job = subprocess.run([sys.executable, "job_ray.py"], cwd=tmp_path, env=dict(env, RAY_ADDRESS=cluster.address),
+                         capture_output=True, text=True, timeout=240)
+    assert job.returncode == 0, job.stdout + job.stderr
+    for rank in range(2):
+        assert f"[rank{rank}]:env {rank} 0 {rank} 2 sum 3.0\n" in job.stdout, job.stdout + job.stderr
+    assert wait_until(lambda: not ray_leftovers(), 20), ray_leftovers()
+    reply = kernel.execute("%%ddp --ray\nprint(1)")
+    assert "--ray writes a Ray job next to the exported script" in reply.stderr, reply.text

@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pdb", action="store_true",
                    help="the first rank to fail opens the debugger at the failing frame (as %%pdb)")
     p.add_argument("--export", default=None, metavar="SCRIPT.py", help="also write the cell as a torchrun script")
+    p.add_argument("--ray", action="store_true",
+                   help="with --export / %%ddp_export: also write SCRIPT_ray.py, a Ray job (ray job submit) "
+                        "that runs the script with one torchrun per node")
     p.add_argument("--slurm", action="store_true",
                    help="with --export / %%ddp_export: also write SCRIPT.sbatch, a Slurm batch job")
     p.add_argument("--partition", type=_slurm_name("--partition"), default=None, help="Slurm partition")
@@ -270,7 +273,8 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
                      rdzv_timeout=ns.rdzv_timeout,
                      gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, export=ns.export,
                      slurm=ns.slurm, partition=ns.partition, account=ns.account, time_limit=ns.time_limit,
-                     sbatch=ns.sbatch, pdb=ns.pdb, max_ranks=ns.max_ranks, ray_address=ns.ray_address)
+                     sbatch=ns.sbatch, pdb=ns.pdb, max_ranks=ns.max_ranks, ray_address=ns.ray_address,
+                     ray=ns.ray)
 
 
 def _glue_sbatch(words: list[str]) -> list[str]:
@@ -427,7 +431,7 @@ _TYPES = {  # what each LaunchSpec field takes, as the Python API may be given a
     "gpus": (lambda v: v is None or _ints(v), "device numbers"), "export": _OPT_STR, "slurm": _BOOL,
     "partition": _OPT_STR, "account": _OPT_STR, "time_limit": _OPT_STR,
     "sbatch": (_texts, "#SBATCH options"), "pdb": _BOOL, "max_ranks": _OPT_INT,
-    "exit_grace": (_is_seconds, "a number of seconds"), "ray_address": _OPT_STR,
+    "exit_grace": (_is_seconds, "a number of seconds"), "ray_address": _OPT_STR, "ray": _BOOL,
 }
 assert set(_TYPES) == set(LaunchSpec.__dataclass_fields__)
 MAX_SECONDS = 365 * 24 * 3600.0  # any longer is a typo (and past what some waits accept)
@@ -684,6 +688,9 @@ def choose_source(spec: LaunchSpec, *, pool: LaunchSpec | None = None, pool_read
     a launch to its source. ``pool``: a started pool's spec (None: no pool), ready or not (and why
     it broke); ``func``: the target is a callable, not source text; ``push``: values to send;
     ``args``: args/kwargs for the target; ``own_env``: cwd or env_base given."""
+    if spec.ray and not spec.export:
+        raise DDPUsageError("%%ddp: --ray writes a Ray job next to the exported script: "
+                            "use it with --export SCRIPT.py (or %ddp_export SCRIPT.py --ray)")
     if spec.slurm and not spec.export:
         raise DDPUsageError("%%ddp: --slurm writes a Slurm job next to the exported script: "
                             "use it with --export SCRIPT.py (or %ddp_export SCRIPT.py --slurm)")

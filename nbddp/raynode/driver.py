@@ -26,11 +26,13 @@ import signal
 import sys
 import time
 
+from nbddp.core import rayjob
+
 SAYS = "nbddp: "
 PLACE_WAIT_S = 120.0   # for the placement group (an autoscaler may add nodes meanwhile)
 CALL_WAIT_S = 60.0     # for one actor call
 STOP_WAIT_S = 10.0     # torchrun's own shutdown, before SIGKILL
-ENDPOINT = "@ENDPOINT@"  # the word of the config's argv the rendezvous endpoint replaces
+ENDPOINT = rayjob.ENDPOINT  # the word of the config's argv the rendezvous endpoint replaces
 
 _received: list[int] = []
 
@@ -52,7 +54,12 @@ def _write(stream, data: bytes) -> None:
 
 def main(config_path: str) -> int:
     with open(config_path) as f:
-        cfg = json.load(f)
+        return run(json.load(f))
+
+
+def run(cfg: dict) -> int:
+    """One launch as ``cfg`` describes it (nbddp/sources/ray.py writes it; an exported Ray job,
+    nbddp/export.py, holds it); the exit code."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -62,7 +69,8 @@ def main(config_path: str) -> int:
     address = cfg["address"]
     try:
         if address:
-            ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+            extra = {"runtime_env": {"working_dir": cfg["working_dir"]}} if cfg.get("working_dir") else {}
+            ray.init(address=address, log_to_driver=False, logging_level="WARNING", **extra)  # "auto": a job's own
         else:
             ray.init(address="local", num_cpus=cfg["local_cpus"], include_dashboard=False,
                      log_to_driver=False, logging_level="WARNING")
@@ -92,8 +100,9 @@ def main(config_path: str) -> int:
         port = cfg["port"] or ray.get(actors[0].free_port.remote(), timeout=CALL_WAIT_S)
         endpoint = f"{_host(nodes[0]['ip'])}:{port}"
         rdzv_id = secrets.token_hex(16)
-        with open(cfg["nodes_file"], "w") as f:  # for the kernel and the user: which node runs what
-            json.dump({"endpoint": endpoint, "nodes": nodes}, f)
+        if cfg.get("nodes_file"):  # for the kernel and the user: which node runs what
+            with open(cfg["nodes_file"], "w") as f:
+                json.dump({"endpoint": endpoint, "nodes": nodes}, f)
         if _received:
             return 128 + _received[0]
         argv = [endpoint if word == ENDPOINT else word.replace(ENDPOINT, endpoint) for word in cfg["argv"]]

@@ -22,14 +22,13 @@ import signal
 import socket
 import sys
 
-from nbddp.core import rayaddress, torchrun_cli
+from nbddp.core import rayaddress, rayjob, torchrun_cli
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.launch import Launch
 from nbddp.core.rankfiles import RankFiles
 from nbddp.core.result import RunResult
 from nbddp.kernel.logdirs import write_private
 from nbddp.raynode import driver
-from nbddp.sources.slurm_script import wants_gpus
 from nbddp.sources.torchrun import ElasticLaunch
 
 CONNECT_CHECK_S = 5.0
@@ -45,9 +44,6 @@ class RayLaunch(ElasticLaunch):
         super().__init__(launch, device_count=0)  # each node's GPUs are Ray's to give (CUDA_VISIBLE_DEVICES)
         self.address = address
 
-    def agent_options(self) -> list[str]:
-        return torchrun_cli.slurm_options(self.spec, str(self.spec.nnodes), driver.ENDPOINT, backend="c10d")
-
     def expected_ranks(self) -> list[tuple[int, int, int]]:
         k = self.spec.nproc_per_node
         return [(r, r % k, r // k) for r in range(self.spec.world_size)]
@@ -61,18 +57,11 @@ class RayLaunch(ElasticLaunch):
         """The driver's command; what it does is in its config file (the launch's log folder)."""
         spec, log_dir = self.spec, self.result.log_dir
         copy = RankFiles(log_dir).cell_copy
-        config = {
-            "address": self.address.text,
-            "local_cpus": max(os.cpu_count() or 1, spec.nproc_per_node),
-            "nnodes": spec.nnodes, "cpus": spec.nproc_per_node,
-            "gpus": spec.nproc_per_node if wants_gpus(spec) else 0,
-            "port": spec.master_port,
-            "argv": self.options + torchrun_cli.rank_entry(log_dir, cell_path, spec.script_args),
-            "env": self.launch_env(), "conf_tail": torchrun_cli.conf_tail(spec), "cwd": self.cwd,
-            "files": {path: self.source_text for path in {cell_path, copy}},
-            "dirs": [self.status_dir],
-            "nodes_file": os.path.join(log_dir, "ray-nodes.json"),
-        }
+        config = rayjob.driver_config(
+            spec, address=self.address.text, tail=torchrun_cli.rank_entry(log_dir, cell_path, spec.script_args),
+            env=self.launch_env(), cwd=self.cwd, files={path: self.source_text for path in {cell_path, copy}},
+            dirs=[self.status_dir], nodes_file=os.path.join(log_dir, "ray-nodes.json"),
+            local_cpus=os.cpu_count() or 1)
         path = os.path.join(log_dir, "ray-launch.json")
         failed = write_private(path, json.dumps(config))
         if failed is not None:
