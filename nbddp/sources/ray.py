@@ -32,6 +32,7 @@ from nbddp.raynode import driver
 from nbddp.sources.torchrun import ElasticLaunch
 
 CONNECT_CHECK_S = 5.0
+CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"  # where `ray start` leaves its address (Ray's default temp dir)
 INSTALL_HINT = 'pip install "nbddp[ray]"'
 
 
@@ -107,9 +108,19 @@ def check_available(spec, env: dict) -> rayaddress.RayAddress:
         raise DDPUsageError(f"%%ddp: --nnodes {spec.nnodes} with --launcher ray needs a Ray cluster of "
                             f"{spec.nnodes} nodes: give its address (--ray-address HOST:PORT, or "
                             f"RAY_ADDRESS); a local Ray is one node")
-    if address.host is not None:
+    host, port = address.host, address.port
+    if address.text == "auto":  # the Ray `ray start` last started on this machine, as Ray finds it
         try:
-            socket.create_connection((address.host, address.port), timeout=CONNECT_CHECK_S).close()
+            with open(CURRENT_CLUSTER) as f:
+                host, _, port = f.read().strip().rpartition(":")
+            port = int(port)
+        except (OSError, ValueError):
+            raise DDPUsageError(f"%%ddp: {address.origin} auto: no Ray was started on this machine "
+                                f"({CURRENT_CLUSTER} is missing); start one with `ray start --head`, "
+                                f"or give the cluster's HOST:PORT") from None
+    if host is not None:
+        try:
+            socket.create_connection((host, port), timeout=CONNECT_CHECK_S).close()
         except OSError as exc:
             why = exc.strerror or type(exc).__name__
             raise DDPUsageError(f"%%ddp: the Ray cluster at {address.text} ({address.origin}) cannot be "
