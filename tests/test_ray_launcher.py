@@ -222,3 +222,14 @@ def test_exported_ray_job_runs_the_script_with_one_torchrun_per_node(cluster, ke
     assert wait_until(lambda: not ray_leftovers(), 20), ray_leftovers()
     reply = kernel.execute("%%ddp --ray\nprint(1)")
     assert "--ray writes a Ray job next to the exported script" in reply.stderr, reply.text
+
+
+def test_a_cluster_that_cannot_place_every_node_says_what_it_has(cluster, kernel):
+    reply = kernel.execute(f"%%ddp --launcher ray --ray-address {cluster.address} --nnodes 3 --rdzv-timeout 5\n"
+                           "print('ran')\n", timeout=120)
+    assert reply.error and reply.error["ename"] == "DDPError", reply.text
+    shown = "\n".join(reply.error["traceback"]) + reply.stdout + reply.stderr
+    assert "the Ray cluster cannot place 3 bundle(s) of {'CPU': 1} on 3 different node(s) within 5 s" in shown, shown
+    assert "it has 2 node(s) alive" in shown, shown
+    assert "]:ran" not in reply.stdout
+    assert_nothing_left(kernel)

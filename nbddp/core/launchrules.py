@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_nonneg_int("--max-restarts"), default=0,
                    help="times torchrun restarts the ranks after a failure (torchrun launcher)")
     p.add_argument("--rdzv-timeout", "--rdzv_timeout", dest="rdzv_timeout", type=_seconds("--rdzv-timeout"),
-                   default=None, help="seconds to wait for every node to join (torchrun's rdzv join_timeout)")
+                   default=None, help="seconds to wait for every node to join (torchrun's rdzv join_timeout; "
+                                      "with --launcher ray also for Ray to place every node's bundle)")
     p.add_argument("--gpus", type=_int_list("--gpus"), default=None, help="CUDA devices to use, e.g. 0,1,3")
     p.add_argument("--fresh", action="store_true", help="run a fresh job even while a pool runs")
     p.add_argument("--push", type=_names, default=(), help="notebook names to send into every worker")
@@ -595,6 +596,8 @@ def _check(spec: LaunchSpec) -> None:
     if spec.launcher != "torchrun":
         for name, value in (("--rdzv-endpoint", spec.rdzv_endpoint), ("--rdzv-id", spec.rdzv_id),
                             ("--rdzv-timeout", spec.rdzv_timeout)):
+            if name == "--rdzv-timeout" and spec.launcher == "ray":
+                continue  # Ray's nodes join too: the placement's wait, then torchrun's join_timeout
             if value is not None:
                 raise DDPUsageError(f"%%ddp: {name} is for a real multi-node job: use it with --launcher torchrun")
     if spec.launcher != "slurm" and not spec.slurm:

@@ -12,6 +12,7 @@ from nbddp.core.spec import LaunchSpec
 
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"  # torchrun's --tee line prefix
 ENDPOINT = "@ENDPOINT@"  # the word of argv the driver replaces with node 0's HOST:PORT
+PLACE_WAIT_S = 120.0  # for the placement group, unless --rdzv-timeout (an autoscaler may add nodes meanwhile)
 
 
 def wants_gpus(spec: LaunchSpec) -> bool:
@@ -32,6 +33,7 @@ def driver_config(spec: LaunchSpec, *, address: str | None, tail: list[str], env
         "argv": torchrun_cli.slurm_options(spec, str(spec.nnodes), ENDPOINT, backend="c10d") + list(tail),
         "env": dict(env), "conf_tail": torchrun_cli.conf_tail(spec), "cwd": cwd,
         "files": dict(files or {}), "dirs": list(dirs or []), "nodes_file": nodes_file,
+        "place_wait": spec.rdzv_timeout or PLACE_WAIT_S,
     }
 
 

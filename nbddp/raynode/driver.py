@@ -29,7 +29,6 @@ import time
 from nbddp.core import rayjob
 
 SAYS = "nbddp: "
-PLACE_WAIT_S = 120.0   # for the placement group (an autoscaler may add nodes meanwhile)
 CALL_WAIT_S = 60.0     # for one actor call
 STOP_WAIT_S = 10.0     # torchrun's own shutdown, before SIGKILL
 ENDPOINT = rayjob.ENDPOINT  # the word of the config's argv the rendezvous endpoint replaces
@@ -85,11 +84,12 @@ def run(cfg: dict) -> int:
     pg, actors = None, []
     try:
         pg = placement_group([dict(bundle) for _ in range(nnodes)], strategy="STRICT_SPREAD")
-        if not _wait_ready(ray, pg.ready(), PLACE_WAIT_S):
+        wait = cfg.get("place_wait", rayjob.PLACE_WAIT_S)
+        if not _wait_ready(ray, pg.ready(), wait):
             if not _received:
                 alive = [n for n in ray.nodes() if n.get("Alive")]
                 say(f"the Ray cluster cannot place {nnodes} bundle(s) of {bundle} on {nnodes} different "
-                    f"node(s) within {PLACE_WAIT_S:g} s (STRICT_SPREAD); it has {len(alive)} node(s) alive: "
+                    f"node(s) within {wait:g} s (STRICT_SPREAD; --rdzv-timeout waits longer); it has {len(alive)} node(s) alive: "
                     + "; ".join(f"{n.get('NodeManagerAddress')} {_res(n.get('Resources', {}))}" for n in alive))
             return 1
         remote = ray.remote(NodeAgent)
