@@ -101,11 +101,21 @@ def ray_processes(kernel) -> list[str]:
     return found
 
 
+TRAIN = ALL_REDUCE.replace("dist.destroy_process_group()", """from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(torch.nn.Linear(4, 1)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    opt.zero_grad(); model(torch.ones(2, 4)).sum().backward(); opt.step()
+w = model.module.weight.detach().clone(); dist.all_reduce(w); w /= dist.get_world_size()
+print("trained", bool(torch.allclose(w, model.module.weight)))
+dist.destroy_process_group()""")
+
+
 def test_two_nodes_one_torchrun_each_meet_and_reduce(cluster, kernel):
-    reply = kernel.ok(f"%%ddp --launcher ray --ray-address {cluster.address} -n 4 --nnodes 2\n" + ALL_REDUCE,
+    reply = kernel.ok(f"%%ddp --launcher ray --ray-address {cluster.address} -n 4 --nnodes 2\n" + TRAIN,
                       timeout=240)
     for rank in range(4):  # torchrun's environment on each node: its group rank, its local rank
         assert f"[rank{rank}]:env {rank} {rank % 2} {rank // 2} 4 sum 10.0\n" in reply.stdout, reply.text
+        assert f"[rank{rank}]:trained True\n" in reply.stdout, reply.text  # DDP kept the replicas equal
     kernel.ok("assert _ddp.ok and [(r.rank, r.node_rank, r.state) for r in _ddp.ranks] == "
               "[(0, 0, 'ok'), (1, 0, 'ok'), (2, 1, 'ok'), (3, 1, 'ok')], _ddp.summary()")
     nodes = json.loads(kernel.ok("print(open(_ddp.log_dir + '/ray-nodes.json').read())").stdout)
