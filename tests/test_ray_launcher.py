@@ -241,5 +241,6 @@ def test_a_cluster_that_cannot_place_every_node_says_what_it_has(cluster, kernel
     shown = "\n".join(reply.error["traceback"]) + reply.stdout + reply.stderr
     assert "the Ray cluster cannot place 3 bundle(s) of {'CPU': 1} on 3 different node(s) within 5 s" in shown, shown
     assert "it has 2 node(s) alive" in shown, shown
+    assert "rank 0: failed (never started (the Ray driver ended before this rank ran))" in shown, shown
     assert "]:ran" not in reply.stdout
     assert_nothing_left(kernel)

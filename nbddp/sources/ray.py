@@ -88,6 +88,13 @@ class RayLaunch(ElasticLaunch):
         """Only this machine's ranks can be signalled by pid; the driver reaches the others."""
         return status.get("host", socket.gethostname()) == socket.gethostname()
 
+    def finish(self) -> None:
+        super().finish()
+        if any(line.startswith(driver.SAYS) for line in self.agent_lines):  # the driver stopped, not torchrun
+            for res in self.result.ranks:
+                if res.cause.startswith("never started (torchrun ended"):
+                    res.cause = "never started (the Ray driver ended before this rank ran)"
+
     def _agent_failure(self, text: str, rc: int) -> str:
         said = [line.strip() for line in self.agent_lines if line.startswith(driver.SAYS)]
         if said:  # the driver's own reason to stop (no placement, a lost node), not torchrun's
