@@ -51,6 +51,7 @@ def test_the_exported_job_is_python_that_runs_the_driver_with_its_config():
     ("--launcher ray --node-rank 0", "--node-rank"),
     ("--launcher ray --rdzv-endpoint h:1", "use it with --launcher torchrun"),
     ("--launcher ray --push x", "--push/--pull"),
+    ("--launcher ray --gpus 0,1", "use --backend nccl (one GPU per rank)"),
 ])
 def test_options_that_do_not_fit_ray_are_usage_errors(line, words):
     with pytest.raises(DDPUsageError, match=re.escape(words)):
@@ -63,3 +64,13 @@ def test_the_cluster_runs_the_ranks_so_this_machines_bound_does_not_apply():
     assert make_spec(n=2048, nnodes=16, launcher="ray").world_size == 2048  # 128 a node: past this machine's
     with pytest.raises(DDPUsageError, match="more than this machine runs"):
         make_spec(n=2048, nnodes=16, launcher="torchrun", rdzv_endpoint="h:1")
+
+
+def test_nccl_on_ray_takes_the_bundles_gpus_not_this_machines():
+    """This machine has no GPU; a Ray node's bundle has one per rank (placement is not refused)."""
+    from nbddp.core.launch import Launch
+    from nbddp.sources.ray import RayLaunch
+
+    spec = make_spec(n=2, launcher="ray", backend="nccl")
+    launch = RayLaunch(Launch(spec, source="pass", sinks=(), cwd=".", env_base={}), rayaddress.RayAddress(None))
+    assert launch.placement.backend == "nccl" and launch.placement.env == ()

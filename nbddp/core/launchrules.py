@@ -606,6 +606,9 @@ def _check(spec: LaunchSpec) -> None:
             if value is not None:
                 raise DDPUsageError(f"%%ddp: {name} is a Slurm option: use it with --launcher slurm, "
                                  "or with --export SCRIPT.py --slurm")
+    if spec.launcher == "ray" and spec.gpus is not None:
+        raise DDPUsageError("%%ddp: --gpus picks this machine's devices; on Ray each node's bundle gets "
+                            "its ranks' GPUs from Ray: use --backend nccl (one GPU per rank)")
     if spec.ray_address is not None and spec.launcher != "ray":
         raise DDPUsageError("%%ddp: --ray-address names the Ray cluster of --launcher ray: use them together")
     if spec.launcher == "slurm" and spec.sbatch and not spec.slurm:

@@ -42,7 +42,8 @@ class RayLaunch(ElasticLaunch):
     interrupted_note = "interrupted: every node's torchrun and all its ranks were stopped"
 
     def __init__(self, launch: Launch, address: rayaddress.RayAddress):
-        super().__init__(launch, device_count=0)  # each node's GPUs are Ray's to give (CUDA_VISIBLE_DEVICES)
+        # each node's GPUs are Ray's to give (the bundle's, as CUDA_VISIBLE_DEVICES): one per rank with nccl
+        super().__init__(launch, device_count=launch.spec.nproc_per_node if launch.spec.backend == "nccl" else 0)
         self.address = address
 
     def expected_ranks(self) -> list[tuple[int, int, int]]:
