@@ -143,6 +143,7 @@ def test_timeout_shows_each_ranks_stack_and_stops_every_node(cluster, kernel):
     assert reply.stderr.count("blocked at cell line 4: time.sleep(300)") >= 1, reply.text
     for rank in range(2):
         assert f"[rank{rank}]:in" in reply.stdout, reply.text
+    kernel.ok("assert all('time.sleep(300)' in r.stack for r in _ddp.ranks), [r.stack for r in _ddp.ranks]")
     assert_nothing_left(kernel)
 
 
