@@ -84,13 +84,5 @@ def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
     return Placement(devices=devices, physical=physical, backend=backend, env=env, note=note)
 
 
-def gpu_env(spec, device_count: int, base_env: dict | None = None) -> dict[str, str]:
-    """The variables placement adds to every rank: CUDA_VISIBLE_DEVICES with ``--gpus``, else none
-    (without ``--gpus`` all devices stay visible and cuda:LOCAL_RANK is one device per rank)."""
-    if getattr(spec, "gpus", None) is None and device_count == 0:
-        return {}
-    return dict(plan(spec, device_count, base_env).env)
-
-
 def _join(values) -> str:
     return ",".join(str(v) for v in values)

@@ -258,15 +258,14 @@ class LivePool:
         self.log_root = logdirs.new_log_dir(spec.log_dir, hold=True)  # kept while the pool lives
         self.store, port = host_for(spec)
         self.master_port = port
-        devices = storehost.device_count()
-        plan = placement.plan(spec, devices, self.base_env)
+        plan = placement.plan(spec, storehost.device_count(), self.base_env)
         self.backend, self.backend_note = plan.backend, plan.note
         source.result = self._fresh_result(self.log_root)
         supervisor.register(source)
         files = RankFiles(self.log_root)
         first = Cell(source="", path=files.cell_copy)  # each cell comes as msg.EXEC with its own
         jobs = rank_jobs(spec, files, first, master_port=port, cwd=self.cwd, base_env=self.base_env,
-                         device_count=devices, backend=self.backend, pool=True)
+                         plan=plan, pool=True)
         ranks = [Rank(res, job.stack_path, job.sigint_path) for res, job in zip(source.result.ranks, jobs)]
         restarted = source.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=False)
         if restarted:
