@@ -1,13 +1,9 @@
 """Persistent workers: ranks that keep their model, optimizer and process group between cells,
-like ipyparallel's engines, with nbddp's environment, views and diagnostics.
-
-The pool's ranks (``PoolRanks``) are a process source under nbddp/sources/supervisor.py, one
-supervised launch per cell: the cell is sent to the ranks, which serve cell after cell
-(worker._serve); a cell hands out a fresh RunResult, so ``_ddp``, views and DDPError work as
-for a fresh job. A rank that dies (or does not return from an interrupt) breaks the pool: its
-process group cannot be mended; the cell raises, ``status()`` says what happened,
-``restart()`` brings up a clean pool.
-"""
+like ipyparallel's engines, with nbddp's environment, views and diagnostics. ``PoolRanks`` is a
+process source under nbddp/sources/supervisor.py, one supervised launch per cell; the ranks serve
+cell after cell (worker._serve) and each cell gets a fresh RunResult. A rank that dies (or does
+not return from an interrupt) breaks the pool, as its process group cannot be mended: the cell
+raises, ``status()`` says why, ``restart()`` brings up a clean pool."""
 from __future__ import annotations
 
 import os
