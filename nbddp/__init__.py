@@ -11,6 +11,7 @@ from nbddp.core.result import DDPError, DDPTimeout, Interrupted, RankResult, Run
 from nbddp.forkserver.starter import ForkserverStuck
 from nbddp.kernel.pulling import PullError
 from nbddp.rank.nostdin import NoDebugger, NoStdin
+from nbddp.rank.release import Released
 from nbddp.rank.user_rendezvous import RendezvousError
 from nbddp.core.launchrules import make_spec, parse_line
 from nbddp.core.spec import LaunchSpec
@@ -19,7 +20,7 @@ __all__ = ["run", "backend", "can_answer", "Pool", "RankResult", "RunResult", "L
            "parse_line", "load_ipython_extension", "unload_ipython_extension",
            # every error a user can meet, all under NbddpError (nbddp/core/errors.py)
            "NbddpError", "DDPUsageError", "DDPError", "DDPTimeout", "PullError", "Interrupted",
-           "ForkserverStuck", "RendezvousError", "NoStdin", "NoDebugger"]
+           "ForkserverStuck", "RendezvousError", "NoStdin", "NoDebugger", "Released"]
 __version__ = "0.1.0"
 
 

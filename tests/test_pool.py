@@ -80,12 +80,11 @@ def test_targeting_runs_on_some_ranks_and_warns_about_collectives(pool_kernel):
     assert "runs on rank 0 only, but calls all_reduce() (cell line 2)" in text
     assert "rank 0 blocked at cell line 2: dist.all_reduce(x)" in text
     assert time.monotonic() - start < 15
-    status = k.ok("%ddp_pool status").stdout
-    assert "broken" in status and "did not stop after SIGINT" in status
-    reply = k.execute("%%ddp\nprint(1)")
-    assert reply.status == "error" and "the pool is broken" in reply.stderr
-    k.ok("%ddp_pool restart")
-    assert k.ok("%%ddp\nprint('back')").stdout.count("]:back\n") == 3
+    # the hung collective was released (tests/test_pool_hang_release.py): the pool serves on, the
+    # group is to be created again
+    assert "ready" in k.ok("%ddp_pool status").stdout
+    reply = k.ok("%%ddp\nprint('back', dist.is_initialized())")
+    assert reply.stdout.count("]:back False\n") == 3 and "create it again" in reply.text
 
 
 def test_rank_death_breaks_pool_restart_brings_clean_one(pool_kernel):

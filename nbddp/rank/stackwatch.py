@@ -13,6 +13,8 @@ import os
 import signal
 import threading
 
+from nbddp.rank import release
+
 SIGNAL = signal.SIGUSR1
 ASK_SUFFIX = ".ask"
 END_MARK = "# nbddp: end of stacks\n"  # written after a dump the thread made: complete, for certain
@@ -49,10 +51,15 @@ def serve(stack_path: str):
 def _answer(fd: int, stack_file) -> None:
     while True:
         try:
-            if not os.read(fd, 64):
-                return
+            asked = os.read(fd, 64)
         except OSError:
             return
+        if not asked:
+            return
+        if release.REQUEST in asked:  # a pool rank blocked in a collective (nbddp/rank/release.py)
+            release.release()
+            if not asked.strip(release.REQUEST):
+                continue
         try:
             faulthandler.dump_traceback(file=stack_file, all_threads=True)
             os.write(stack_file.fileno(), END_MARK.encode())  # the reader need not guess

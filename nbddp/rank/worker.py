@@ -22,6 +22,7 @@ from nbddp.rank import pushed
 from nbddp.rank import stackwatch
 from nbddp.rank import teardown
 from nbddp.rank import netrecord
+from nbddp.rank import release
 from nbddp.rank import user_rendezvous
 from nbddp.rank.procname import set_name
 from nbddp.core import exitstates
@@ -307,6 +308,7 @@ def _serve(job: RankJob, ctl) -> int:
         if message[0] != msg.EXEC:  # msg.STOP
             return 0
         cell: Cell = message[1]
+        release.take()  # a group nbddp closed to release a hung cell is destroyed first
         teardown.release_retired()  # groups earlier cells destroyed (nbddp/rank/teardown.py)
         main.__file__ = sys.argv[0] = cell.path  # this cell's script (nbddp/kernel/cellscript.py)
         status = msg.DONE_OK
@@ -320,6 +322,7 @@ def _serve(job: RankJob, ctl) -> int:
         except SystemExit as exc:  # leaving a pool rank ends that worker, as in a script
             return _exit_code(exc, ctl, cell.path)
         except BaseException as exc:
+            exc = release.as_released(exc, cell.path)
             status = msg.DONE_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else msg.DONE_ERROR
             _report(ctl, exc, cell.path, cell.label, cell.source)
             _INTERRUPT["armed"] = True  # the stop button ends a post-mortem as it ends the cell

@@ -16,7 +16,7 @@ from nbddp.kernel import logdirs
 from nbddp.core import placement
 from nbddp.forkserver import storehost
 from nbddp.kernel.cellfiles import cell_files
-from nbddp.sources import supervisor
+from nbddp.sources import stacks, supervisor
 from nbddp.core import messages as msg
 from nbddp.core.cellnames import log_label
 from nbddp.core.job import Cell
@@ -34,6 +34,7 @@ from nbddp.sources.supervisor import Source, Supervisor
 
 FAILED_PEER_GRACE_S = 3.0  # a rank raised: how long the others may finish before being interrupted
 STOP_WAIT_S = 2.0          # a polite "stop" before signals
+RELEASE_WAIT_S = 3.0       # a released rank returns from its collective at once; past this it is stuck for good
 IDLE, BUSY, BROKEN, STOPPED = PoolState
 
 
@@ -51,6 +52,8 @@ class PoolRanks(Source):
         self.deferred: dict[int, tuple[str, str]] = {}  # SIGINT for ranks that have not begun
         self.cell: Cell | None = None  # the next cell, sent to the ranks in ``targets``
         self.targets: list[int] = []
+        self.released_at: float | None = None  # when nbddp closed the ranks' process group (this cell)
+        self.released_for = ""  # the stop's reason then
 
     @property
     def interrupted_note(self) -> str:
@@ -61,6 +64,11 @@ class PoolRanks(Source):
     def _start(self) -> None:
         """Hand the cell to its ranks (they are running already)."""
         self.emit("launch_started", self.result, self.pool.spec, self.pool.backend)
+        if self.pool.group_closed_in:
+            self.note(f"the process group was closed to release cell {self.pool.group_closed_in}'s blocked "
+                      f"collective, and destroyed on every rank: create it again (dist.init_process_group)")
+            self.pool.group_closed_in = 0
+        self.released_at = None
         targets = self.targets
         warning = diagnosis.collective_warning(self.source_text, targets, self.pool.spec.world_size)
         if warning:
@@ -85,6 +93,8 @@ class PoolRanks(Source):
 
     def poll(self, timeout: float) -> None:
         self.procs.poll(timeout)
+        if self.released_at is not None and time.monotonic() - self.released_at > RELEASE_WAIT_S:
+            self._end_stuck(self.released_for, "when the pool was ended")
 
     def _on_message(self, rank: Rank, message) -> None:
         if message[0] == msg.BEGAN:  # the rank runs the cell: an interrupt that waited goes now
@@ -101,6 +111,9 @@ class PoolRanks(Source):
         res.ended_at = time.time()
         if message[1] == msg.DONE_OK:
             res.state, res.cause = OK, ""
+        elif self.released_at is not None and message[1] == msg.DONE_INTERRUPTED:
+            res.state = TIMED_OUT if self.result.timed_out else INTERRUPTED
+            res.cause = "released from a blocked collective; its process group was closed"
         elif ended_by_the_stop(rank.stop, message[1] == msg.DONE_INTERRUPTED and signal.SIGINT in rank.sent,
                                res.exception):
             res.state = TIMED_OUT if self.result.timed_out else INTERRUPTED
@@ -153,9 +166,42 @@ class PoolRanks(Source):
         stuck = [r for r in self.procs.ranks if r.alive and r.result.rank in self.pending]
         if not stuck or (spare_handlers and all(r.handling() for r in stuck)):
             return
+        if self.released_at is None and self._release(stuck, reason):
+            return  # poll() ends the pool if they do not return within RELEASE_WAIT_S
+        if self.released_at is not None and time.monotonic() - self.released_at <= RELEASE_WAIT_S:
+            return
+        self._end_stuck(reason, "when the pool was ended", sig)
+
+    def _release(self, stuck: list[Rank], reason: str) -> bool:
+        """Ranks blocked in C after SIGINT (a collective some rank never joined): every rank
+        closes its process group's connections, so the blocked call raises and the cell ends on
+        each, keeping the ranks and their state (nbddp/rank/release.py). False where a stuck
+        rank cannot be asked (no FIFO): the pool is ended as before."""
+        asked = [stacks.ask_release(r.stack_path) for r in stuck]
+        if not all(asked):
+            return False
+        for rank in self.procs.ranks:
+            if rank.alive and rank not in stuck:
+                stacks.ask_release(rank.stack_path)  # its side of the group is closed too
+        self.released_at, self.released_for = time.monotonic(), reason
+        self.pool.group_closed_in = self.pool.cells_run
+        self.note(f"{label(r.result.rank for r in stuck)} did not return from the cell after SIGINT "
+                  f"(blocked in C code such as a collective): nbddp closes the process group's "
+                  f"connections to release {'them' if len(stuck) > 1 else 'it'}, keeping every rank "
+                  f"and its state")
+        return True
+
+    def _end_stuck(self, reason: str, why: str, sig: int | None = None) -> None:
+        stuck = [r for r in self.procs.ranks if r.alive and r.result.rank in self.pending]
+        released, self.released_at = self.released_at, None
+        if not stuck:
+            return
+        if released is not None:
+            self.note(f"{label(r.result.rank for r in stuck)} did not return even then (not blocked on "
+                      f"the process group): the pool is ended")
         self.pool.ranks_stuck(f"{label(r.result.rank for r in stuck)} "
                               f"did not stop after SIGINT ({reason}), blocked in C code such as a collective")
-        self.procs.signal(self.procs.ranks, sig, reason, "when the pool was ended")
+        self.procs.signal(self.procs.ranks, signal.SIGKILL if sig is None else sig, reason, why)
 
     def handling(self) -> list[int]:
         return [r.result.rank for r in self.procs.ranks if r.result.rank in self.pending and r.handling()]
@@ -200,6 +246,7 @@ class LivePool:
         self.store = None
         self.master_port = None
         self.backend_note = ""
+        self.group_closed_in = 0  # the cell whose hang nbddp released by closing the group (0: none)
         self.source = PoolRanks(self)
 
     # ------------------------------------------------ what its ranks report (PoolRanks)
