@@ -8,7 +8,7 @@ or ``torch.profiler`` imported ``torch._dynamo`` and ~820 modules, 4.4-6.2 s per
 ``fully_shard`` 605 of them (2.4 s), ``torch.distributed.checkpoint`` 683 (2.8 s). After the
 list below none of those cells imports a module. Nothing here initialises CUDA:
 the forkserver must stay fork-safe, and a kernel that already initialised CUDA must still work
-(tests/test_preload.py checks ``torch.cuda._initialized`` in the forkserver).
+(tests/kernel/test_preload.py checks ``torch.cuda._initialized`` in the forkserver).
 
 Notebook modules (``NBDDP_PRELOAD=0`` turns this off): after a cell, before the next spares are
 forked (nbddp/forkserver/spares.py), the kernel offers the forkserver the packages the notebook imported

@@ -13,7 +13,7 @@ view from:
   kernel has no ipywidgets when the page connects, so JupyterLab 4 does not open it then.
 - the drawing: with the probe, two ipywidgets 8 HTML widgets joined by ``jslink``; a manager
   that builds them sends the linked value back (recorded for the session that sent it; JupyterLab
-  4.6 and Notebook 7 do, tests/test_browser.py). A JupyterLab session that sent a cell
+  4.6 and Notebook 7 do, tests/browser/test_browser.py). A JupyterLab session that sent a cell
   ANSWER_WINDOW_S after its probe went out, and never answered, cannot draw the live view (an
   ipywidgets 7 manager).
 

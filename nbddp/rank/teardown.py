@@ -10,7 +10,7 @@ reference to the process group (DDP's Reducer freed on return, after
 a deadlock (pytorch#56297's class). gdb on a hung rank shows exactly that: the main thread in
 ``Reducer::~Reducer → ~ProcessGroupGloo → pthread_mutex_lock``, a ``pt_gloo_runloop`` thread in
 ``~AsyncWork → ~ThreadLocalState → take_gil``. How often depends on how soon the worker thread
-is scheduled: 4 of 300 launches of tests/test_training_soak.py's cell (three loops at once on 2
+is scheduled: 4 of 300 launches of tests/kernel/test_training_soak.py's cell (three loops at once on 2
 cores), 1 of 30 with the 5 ms GIL-releasing pause nbddp used before when the test suite ran
 three files at a time; a pause only makes it rarer.
 
