@@ -40,10 +40,10 @@ def fresh_kernel(tmp_path):
     k.shutdown()
 
 
-# Seconds each of the longest files (of tests/kernel/ and tests/browser/, by name) took in a whole-suite run (2 cores, 2026-12-05, several files at
-# a time). scripts/test.sh hands files out in collection order (--no-loadscope-reorder: xdist would
-# otherwise order them by their number of tests): longest first, so no long file starts last and
-# leaves the other workers idle while it ends.
+# Seconds each of the longest files (of tests/kernel/ and tests/browser/, by name) took in a
+# whole-suite run (2 cores, 2026-12-05, several files at a time). scripts/test.sh hands files out in
+# collection order (--no-loadscope-reorder: xdist would otherwise order them by their number of
+# tests): longest first, so no long file starts last and leaves the other workers idle while it ends.
 LONGEST = {"test_notebooks.py": 298, "test_browser.py": 276, "test_readme.py": 191, "test_faults.py": 123,
            "test_descriptors.py": 120, "test_kernel_death.py": 116, "test_elastic.py": 110, "test_slurm.py": 98,
            "test_wheel.py": 92, "test_interrupts.py": 86, "test_spares.py": 62, "test_preload.py": 60,

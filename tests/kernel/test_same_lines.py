@@ -75,7 +75,7 @@ def test_text_mode_says_a_line_every_rank_printed_once_and_different_lines_apart
     out = default_kernel.ok(CELL.replace("{options}", "--output text"), timeout=180).stdout
     per_rank, shared = said(out)
     assert_every_line_once_in_order(per_rank, out)
-    assert shared and set(shared) <= {"epoch 1 done", "epoch 2 done"}, out   # all four at once: test_unit_samelines.py
+    assert shared and set(shared) <= {"epoch 1 done", "epoch 2 done"}, out   # all four at once: tests/unit/test_same_lines_rules.py
 
 
 def test_apart_shows_every_ranks_line(default_kernel):
