@@ -94,6 +94,9 @@ def _say_who_can_connect() -> None:
 
 
 def unload_ipython_extension(ipython) -> None:
+    from nbddp.kernel import allcells
+
+    allcells.off(ipython)
     for event, hook in _hooks:
         try:
             ipython.events.unregister(event, hook)

@@ -1,12 +1,11 @@
 """The Python API under the magic: ``nbddp.run(source_or_callable, n=4, ...)``.
 
-Every launch comes through here, from ``%%ddp`` (nbddp/magic.py parses its line and calls
-``run``), from ``nbddp.Pool.run`` and from scripts and tests: the options become a LaunchSpec and
-every rule is checked (nbddp/core/launchrules.py: a DDPUsageError, a ValueError, before anything
-starts); ``launchrules.choose_source`` names the process source, ``SOURCES`` (the one table:
-fresh local ranks, the running pool, torchrun's agent, Slurm) maps the name to its
-``run(launch)``; the sinks are built once (nbddp/views/choose.py), the request once
-(nbddp/core/launch.py); the RunResult comes back."""
+Every launch comes through here (``%%ddp`` via nbddp/magic.py, ``nbddp.Pool.run``, scripts and
+tests): the options become a LaunchSpec whose rules are checked before anything starts
+(nbddp/core/launchrules.py: a DDPUsageError); ``launchrules.choose_source`` names the process
+source and ``SOURCES``, the one table, maps it to its ``run(launch)``; the sinks
+(nbddp/views/choose.py) and the request (nbddp/core/launch.py) are built once; the RunResult
+comes back."""
 from __future__ import annotations
 
 import os

@@ -311,7 +311,7 @@ def add_hints(result, private_net: bool = False) -> None:
     for rank in result.ranks:
         if rank.ok or rank.hint:
             continue
-        stderr = rank.stderr_tail()  # the last 64 KB: a log may be gigabytes
+        stderr = rank.stderr_tail()  # its tail only: a log may be huge
         if rank.state == RankState.KILLED and " at cell line " not in rank.cause:
             where = crash_line(stderr, result.script or result.cell_file, result.cell_file)
             if where:

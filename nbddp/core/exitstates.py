@@ -39,7 +39,7 @@ def lost_peer(exception: dict | None) -> bool:
     """Did the rank fail because a rank it waited for in a collective ended under it? Once nbddp
     is stopping a launch, that is nbddp's doing, not a failure of the rank's own: signals reach
     the ranks one after another, and a rank can see its peer's socket close (and raise) before
-    its own signal arrives (lesson 06's timeout, rank 1 "failed" in a loaded CI run)."""
+    its own signal arrives (most often on a loaded machine)."""
     return bool(exception) and bool(diagnosis.PEER_LOST.search(exception.get("message", "")))
 
 

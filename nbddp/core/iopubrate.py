@@ -1,17 +1,11 @@
 """What a notebook server lets through to the browser, mirrored, so text output is paced below it.
 
-jupyter_server (and the classic notebook server) count, per kernel connection, every iopub
-message but ``status``/``comm_open``/``execute_input`` (``iopub_msg_rate_limit``, 1,000 a
-second) and the bytes of every ``stream`` message (``iopub_data_rate_limit``, 1,000,000 a
-second), each over a sliding ``rate_limit_window`` of 3 s. Above either rate the server drops
-every counted message, the end-of-cell report and the error included, until the rate is back
-under 80 % (``ZMQChannelsWebsocketConnection._limit_rate``). Its counters reset when the kernel
-goes idle, between cells.
-
-``RateWindow`` keeps the same sliding window for what nbddp itself sends, at a share of the
-server's defaults (the rest is margin for message headers and for ipykernel batching writes
-into messages a little later than they were made). Pure: times are passed in.
-"""
+jupyter_server counts, per kernel connection over a sliding ``rate_limit_window``, iopub
+messages (``iopub_msg_rate_limit``) and stream bytes (``iopub_data_rate_limit``); above either
+rate it drops every counted message, the end-of-cell report and the error included, until the
+rate is back under a share of it (``ZMQChannelsWebsocketConnection._limit_rate``); its counters
+reset when the kernel goes idle. ``RateWindow`` keeps the same window for what nbddp sends, at a
+share of the server's defaults (the rest is margin). Pure: times are passed in."""
 from __future__ import annotations
 
 import json

@@ -2,11 +2,9 @@
 rank, a ``Cell`` per cell. Built in the kernel by nbddp/sources/rankjobs.py (one function for
 fresh and pool ranks), applied by nbddp/rank/worker.py.
 
-One stdlib pickle a rank, sent over its job pipe (multiprocess would pickle it with dill, pure
-Python, ~3 ms a rank; a spare forked earlier gets it the same way). Plain dataclasses: they
-pickle as their class's name and a dict, about as fast as the dict they replace. Imports
-nothing of nbddp: the rank unpickles it.
-"""
+One stdlib pickle a rank, sent over its job pipe (multiprocess would pickle it with dill, in
+pure Python, far slower; a spare forked earlier gets it the same way). Plain dataclasses: they
+pickle as their class's name and a dict. Imports nothing of nbddp: the rank unpickles it."""
 from __future__ import annotations
 
 import pickle

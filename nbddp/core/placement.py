@@ -1,14 +1,11 @@
 """GPU placement: one CUDA device per local rank, chosen with ``--gpus 0,1,3``; nccl as the
 default backend where CUDA exists.
 
-Pure logic: the number of devices is a parameter (``device_count``), so every rule is tested on
-CPU; the count is torch's, asked of the forkserver's store host (nbddp/forkserver/storehost.py:
-``device_count``), so the kernel never imports torch.
-
-The choice is expressed the way cluster schedulers and torchrun users already expect: with
-``--gpus`` the ranks get ``CUDA_VISIBLE_DEVICES`` listing the chosen devices, so inside a rank
-``cuda:LOCAL_RANK`` is the LOCAL_RANK-th chosen device and unchanged torchrun code keeps working.
-"""
+Pure: the device count is a parameter (torch's, asked of the forkserver's store host,
+nbddp/forkserver/storehost.py, so the kernel never imports torch), so every rule is tested on
+CPU. With ``--gpus`` the ranks get ``CUDA_VISIBLE_DEVICES`` listing the chosen devices, as
+cluster schedulers do, so ``cuda:LOCAL_RANK`` is the LOCAL_RANK-th chosen device and unchanged
+torchrun code keeps working."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,14 +79,6 @@ def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
     if gpus is not None:
         env = (("CUDA_VISIBLE_DEVICES", ",".join(physical)),)
     return Placement(devices=devices, physical=physical, backend=backend, env=env, note=note)
-
-
-def gpu_env(spec, device_count: int, base_env: dict | None = None) -> dict[str, str]:
-    """The variables placement adds to every rank: CUDA_VISIBLE_DEVICES with ``--gpus``, else none
-    (without ``--gpus`` all devices stay visible and cuda:LOCAL_RANK is one device per rank)."""
-    if getattr(spec, "gpus", None) is None and device_count == 0:
-        return {}
-    return dict(plan(spec, device_count, base_env).env)
 
 
 def _join(values) -> str:

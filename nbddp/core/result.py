@@ -15,7 +15,7 @@ from nbddp.core.states import FINAL_STATES, RankState  # noqa: F401 - FINAL_STAT
 from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
 from nbddp.core.summary import label, state_lines, wrapped
 
-TAIL_BYTES = 1 << 16  # what the diagnosis reads of a rank's stderr (its last 64 KB)
+TAIL_BYTES = 1 << 16  # what the diagnosis reads of a rank's stderr: its tail, in bytes
 _STATE_LINE = re.compile(r"ranks? [\d–, ]+: ")  # "rank 0: failed (…)": kept whole in DDPError
 
 # Rank states (nbddp/core/states.py), by the names the sources and views import from here.

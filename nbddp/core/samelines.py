@@ -1,15 +1,11 @@
 """Identical lines from several ranks said once: ``[ranks 0–7]: epoch 1 done`` instead of eight
 lines (``--same-lines merge``, the default; ``apart`` shows each rank's line).
 
-Ranks run the same code, so they print the same lines at about the same moment, in any order.
-A line is held until every rank still expected has printed it too, until each of those ranks
-has gone on to print something else (it will not), or for HOLD_S at most; then it goes out with
-the ranks that printed it. Lines go out in the order they were first printed, and each rank's
-own lines keep their order (a rank joins a line only after its own earlier ones). Bounded:
-at most MAX_OPEN lines are held; the oldest go out first.
-
-Pure: the caller passes the clock and says when a rank ends (it will print nothing more).
-"""
+A line is held until every rank still expected has printed it, has gone on to print something
+else, or for HOLD_S at most; then it goes out with the ranks that printed it. Lines go out in
+the order first printed, and each rank's own lines keep their order. Bounded: at most MAX_OPEN
+lines are held, the oldest go out first. Pure: the caller passes the clock and says when a rank
+ends."""
 from __future__ import annotations
 
 import bisect

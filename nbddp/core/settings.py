@@ -2,7 +2,7 @@
 and read by one parser, so a setting is spelled, defaulted and parsed in one place and the docs'
 table (docs/reference/environment.md) is checked against this one (tests/unit/test_settings.py).
 
-A value that does not parse reads as the default, as before: a setting never stops a cell.
+A value that does not parse reads as the default: a setting never stops a cell.
 Variables nbddp sets for its own processes are not settings: they start with ``_NBDDP_``
 (nbddp/rank/torchrun_rank.py, nbddp/rank/cellsource.py) and are listed apart (INTERNAL)."""
 from __future__ import annotations

@@ -210,7 +210,7 @@ def _flush_unless_starting():
     repeat buffered output. A rank is forked by the forkserver (or spawned), never from the
     kernel, so there is nothing to protect; and in ipykernel a flush from a thread other than
     the IO thread gives that thread a zmq socket of its own (an eventfd), closed only by
-    ipykernel's sweep 10-20 s after the thread ended: 8 per ``-n 8`` cell's start threads."""
+    ipykernel's sweep 10-20 s after the thread ended: one per start thread."""
     if not getattr(_starting, "active", False):
         _original_flush()
 
@@ -291,15 +291,15 @@ def answer_limit() -> float:
 def _not_answered_yet() -> bool:
     """The running forkserver has not forked a rank yet (it may still be importing torch), or
     the one that has is gone: the next start makes a new one, which imports torch first (a
-    limit taken before that start must not be the warm one's 10 s)."""
+    limit taken before that start must not be the warm one's FORK_ANSWER_S)."""
     pid = forkserver._forkserver._forkserver_pid
     return _answered is None or _answered != pid or _ended(pid, 0)
 
 
 def start_all(processes, limit: float | None = None) -> None:
-    """Start several ranks at once. Each start waits ~5 ms for the forkserver to fork a
-    torch-sized process; in threads (the wait releases the GIL) one rank's fork overlaps the
-    next one's pickling, which shortens a 4-rank launch by a third. Returns when every start
+    """Start several ranks at once. Each start waits for the forkserver to fork a torch-sized
+    process; in threads (the wait releases the GIL) one rank's fork overlaps the next one's
+    pickling (docs/explanation/performance.md). Returns when every start
     has returned (an interrupt meanwhile is re-raised after, so no rank starts unseen). With
     ``limit``, a forkserver that has not forked them all by then is killed (the blocked starts
     then fail at once) and ForkserverStuck is raised: a stuck forkserver never holds the

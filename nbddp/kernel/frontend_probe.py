@@ -1,25 +1,11 @@
 """What this kernel has seen of each front end, per front-end session (the ``session`` of the
 messages a browser tab, VS Code window or client sends), for nbddp/core/frontends.py to choose a
-view from:
-
-- the round trip: once per session that names a widget front end (JupyterLab, Notebook 7, VS
-  Code), the kernel opens a small ipywidgets model; a front end without a widget manager answers
-  with ``comm_close`` for the target it does not know (JupyterLab's kernel connection does), and
-  the kernel handles that answer between cells. Probes stay open (one small model per session in
-  a front end that has a manager), so an answer that comes late still counts.
-- ipywidgets' ``jupyter.widget.control`` comm, opened by a widget manager when it connects to a
-  kernel that has ipywidgets imported: recorded for the session that opened it, not kernel-wide
-  (ipywidgets' own ``Widget._control_comm`` stays set after that browser tab is gone). A fresh
-  kernel has no ipywidgets when the page connects, so JupyterLab 4 does not open it then.
-- the drawing: with the probe, two ipywidgets 8 HTML widgets joined by ``jslink``; a manager
-  that builds them sends the linked value back (recorded for the session that sent it; JupyterLab
-  4.6 and Notebook 7 do, tests/browser/test_browser.py). A JupyterLab session that sent a cell
-  ANSWER_WINDOW_S after its probe went out, and never answered, cannot draw the live view (an
-  ipywidgets 7 manager).
-
-A "Run all" sends its cells before the answer can come back, so the cell right after
-``%load_ext`` may still be chosen from the metadata alone; every later cell knows.
-"""
+view from: whether it answered the small ipywidgets probe the kernel opens once per widget-front-
+end session with ``comm_close`` (no widget manager), whether it opened ipywidgets'
+``jupyter.widget.control`` comm (recorded per session, not kernel-wide as ipywidgets keeps it),
+and whether it drew the probe's two ``jslink``-ed widgets and sent the linked value back. Probes
+stay open, so a late answer still counts; a "Run all" sends its cells before any answer, so the
+cell right after ``%load_ext`` may be chosen from the metadata alone."""
 from __future__ import annotations
 
 import time

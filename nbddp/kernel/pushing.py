@@ -1,13 +1,10 @@
 """``--push``: the notebook's values are serialized once (dill) into one file in shared memory
-(``/dev/shm``, else the temp folder), and every rank maps that same file. Only the file's name
-travels to the ranks, so the kernel's extra memory stays about 1x the values whatever the number
-of ranks (it was ranks x size when each rank got its own copy over a pipe).
-
-CPU tensors go out of band (pickle protocol 5): their bytes are written straight from the
-tensor's memory after the pickle stream, and a rank copies them out of its map into a storage
-of its own, with no torch.save round trip at either end; views keep sharing their storage.
-A rank reads the file with nbddp/rank/pushed.py. The file is removed when the cell ends, and with the kernel (nbddp/kernel/janitor.py) if it is killed.
-"""
+(``/dev/shm``, else the temp folder) that every rank maps; only the file's name travels, so the
+kernel's extra memory stays about 1x the values whatever the number of ranks. CPU tensors go out
+of band (pickle protocol 5): their bytes follow the pickle stream, written straight from the
+tensor's memory, and a rank copies them into a storage of its own (views keep sharing theirs).
+Ranks read it with nbddp/rank/pushed.py; the file goes when the cell ends, or with the kernel
+(nbddp/kernel/janitor.py)."""
 from __future__ import annotations
 
 import copyreg

@@ -1,14 +1,10 @@
 """Inside a rank: ``input()``, ``sys.stdin.readline()``, ``breakpoint()``, ``pdb.set_trace()`` and
-``pdb.post_mortem()`` ask the notebook. The rank sends its prompt to the kernel on its control
-pipe (msg.ASK) and blocks until the line typed in the notebook's input box comes back
-(msg.ANSWER); the kernel serves one rank at a time (nbddp/sources/asking.py). Where no front end
-can answer (papermill, nbclient, nbddp.run outside a notebook) the kernel says so at once
-(msg.NO_ANSWER) and ``input()`` fails as it always did here (NoStdin, with the --push hint).
-
-pdb is this rank's: its prompt names the rank (``(Pdb rank 1)``), Ctrl-C (the stop button)
-is not swallowed at its prompt, and ``c`` leaves nbddp's SIGINT handler in place. Imported by
-worker.py (preloaded in the forkserver): stdlib only.
-"""
+``pdb.post_mortem()`` ask the notebook. The rank sends its prompt on its control pipe (msg.ASK)
+and blocks until the line typed in the notebook's input box comes back (msg.ANSWER; the kernel
+serves one rank at a time, nbddp/sources/asking.py); where no front end can answer (msg.NO_ANSWER)
+``input()`` raises NoStdin. pdb is this rank's: its prompt names the rank (``(Pdb rank 1)``),
+Ctrl-C is not swallowed at its prompt, and ``c`` leaves nbddp's SIGINT handler in place.
+Imported by worker.py (preloaded in the forkserver): stdlib only."""
 from __future__ import annotations
 
 import bdb
@@ -103,7 +99,7 @@ def ask_input(prompt="") -> str:  # replaces the builtin inside this rank only
 
 class NotebookStdin(io.TextIOBase):
     """sys.stdin: each line read is asked for in the notebook; where no one can answer it is at
-    its end, as the /dev/null it replaces was."""
+    its end, as /dev/null would be."""
 
     def readable(self) -> bool:
         return True

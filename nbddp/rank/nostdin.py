@@ -2,7 +2,7 @@
 debugger. nbddp's own ranks ask the notebook instead (nbddp/rank/asking.py) and fail this way
 only where no front end can answer; torchrun's ranks (nbddp/rank/torchrun_rank.py) have no way
 back to the notebook at all, so there ``install`` makes both fail. Still an EOFError for
-``input()``, so code that catches it works as before. Stdlib (and nbddp.core.errors) only."""
+``input()``, so code that catches that works unchanged. Stdlib (and nbddp.core.errors) only."""
 from __future__ import annotations
 
 import builtins

@@ -7,7 +7,6 @@ import signal
 import time
 
 from nbddp.core import placement
-from nbddp.forkserver import storehost
 from nbddp.forkserver import spares
 from nbddp.core.cellnames import log_label
 from nbddp.core.job import Cell
@@ -63,8 +62,7 @@ class ForkRanks(Source):
         cell = Cell(self.source_text, self.cell_path, self.cell_label, self.push,
                     [name.split("@")[0] for name in spec.pull], post_mortem=spec.pdb)
         jobs = rank_jobs(spec, files, cell, master_port=port, cwd=self.cwd, base_env=self.base_env,
-                         device_count=storehost.device_count(), backend=plan.backend,
-                         func=self.func)
+                         plan=plan, func=self.func)
         ranks = []
         for res, job in zip(self.result.ranks, jobs):
             ranks.append(Rank(res, job.stack_path, job.sigint_path))

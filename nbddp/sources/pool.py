@@ -1,13 +1,9 @@
 """Persistent workers: ranks that keep their model, optimizer and process group between cells,
-like ipyparallel's engines, with nbddp's environment, views and diagnostics.
-
-The pool's ranks (``PoolRanks``) are a process source under nbddp/sources/supervisor.py, one
-supervised launch per cell: the cell is sent to the ranks, which serve cell after cell
-(worker._serve); a cell hands out a fresh RunResult, so ``_ddp``, views and DDPError work as
-for a fresh job. A rank that dies (or does not return from an interrupt) breaks the pool: its
-process group cannot be mended; the cell raises, ``status()`` says what happened,
-``restart()`` brings up a clean pool.
-"""
+like ipyparallel's engines, with nbddp's environment, views and diagnostics. ``PoolRanks`` is a
+process source under nbddp/sources/supervisor.py, one supervised launch per cell; the ranks serve
+cell after cell (worker._serve) and each cell gets a fresh RunResult. A rank that dies (or does
+not return from an interrupt) breaks the pool, as its process group cannot be mended: the cell
+raises, ``status()`` says why, ``restart()`` brings up a clean pool."""
 from __future__ import annotations
 
 import os
@@ -258,15 +254,14 @@ class LivePool:
         self.log_root = logdirs.new_log_dir(spec.log_dir, hold=True)  # kept while the pool lives
         self.store, port = host_for(spec)
         self.master_port = port
-        devices = storehost.device_count()
-        plan = placement.plan(spec, devices, self.base_env)
+        plan = placement.plan(spec, storehost.device_count(), self.base_env)
         self.backend, self.backend_note = plan.backend, plan.note
         source.result = self._fresh_result(self.log_root)
         supervisor.register(source)
         files = RankFiles(self.log_root)
         first = Cell(source="", path=files.cell_copy)  # each cell comes as msg.EXEC with its own
         jobs = rank_jobs(spec, files, first, master_port=port, cwd=self.cwd, base_env=self.base_env,
-                         device_count=devices, backend=self.backend, pool=True)
+                         plan=plan, pool=True)
         ranks = [Rank(res, job.stack_path, job.sigint_path) for res, job in zip(source.result.ranks, jobs)]
         restarted = source.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=False)
         if restarted:

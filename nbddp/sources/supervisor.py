@@ -1,17 +1,11 @@
-"""One launch's lifecycle, whatever runs its processes: start, pump events, the clock (timeout,
-idle warning, escalation), fail-fast, interrupt, drain, cleanup, and the registry of live
-launches that the kernel's exit empties.
-
-Modelled on torch.distributed.elastic.multiprocessing's PContext: a launch's processes sit
-behind one small interface (``Source``: forkserver ranks, a pool's ranks, torchrun's agent) and
-report what happened as data (the RankResults of ``source.result``); everything about *when*
-to signal them lives here, once.
-
-The states: NEW → STARTING → RUNNING → (STOPPING) → CLOSING → DONE. While a launch is in
-the supervisor's hands, SIGINT (the stop button) only sets a flag that the loop reads, so an
-interrupt can never land in the middle of starting, reaping or closing: whatever was started
-is always ended, no nbddp-internal error escapes, and the launch always leaves the registry.
-"""
+"""One launch's lifecycle, whatever runs its processes: start, pump events, the clock (timeout, idle
+warning, escalation), fail-fast, interrupt, drain, cleanup, and the registry of live launches that
+the kernel's exit empties. As in torch's elastic PContext, the processes sit behind one small
+interface (``Source``) and report what happened as data (``source.result``); *when* to signal
+them is decided here, once. States: NEW → STARTING → RUNNING → (STOPPING) → CLOSING → DONE. While
+the supervisor holds a launch, SIGINT only sets a flag the loop reads, so an interrupt never lands
+mid-start, mid-reap or mid-close: what was started is ended, no internal error escapes, and the
+launch always leaves the registry."""
 from __future__ import annotations
 
 import atexit
@@ -238,8 +232,8 @@ class Supervisor:
 
     def _elapsed(self, now: float) -> float:
         """Seconds the launch has run since its ``started_at``, less the user's time at prompts:
-        on the monotonic clock, read once against the wall clock (which NTP may slew or step;
-        slewed, it ran 1.5 ms per 0.3 s fast here, and the timeout came early)."""
+        on the monotonic clock, read once against the wall clock (which NTP may slew or step:
+        a slewed wall clock makes a timeout come early)."""
         if self.began is None:
             self.began = now - max(0.0, time.time() - self.source.result.started_at)
         return now - self.began - self.asked_s

@@ -1,16 +1,10 @@
-"""A rank stream as a terminal would show it: ``\\r`` returns to the start of the line and the
-next characters overwrite it, ``\\n`` ends the line, ANSI SGR (colour, bold, ...) is kept as
-styling, every other escape (cursor moves, window titles) is dropped. So a tqdm bar is one line
-that changes, not 300 lines, and ``print("\\033[32mOK\\033[0m")`` is a green OK.
-
-Pure, and cheap on floods: a chunk without ``\\r``, ``\\b`` or ESC is split on newlines in bulk;
-a line keeps at most ``limit`` characters (the rest is counted, not kept), so a 50 MB line costs
-``limit`` characters of memory and linear time. The full bytes stay in the rank's log.
-
-A finished or pending line is a ``str`` whose styled runs are prefixed with a canonical SGR
-sequence (``\\x1b[1;32m``) and that ends with ``\\x1b[0m`` if it has any; ``plain`` strips them,
-``to_html`` turns them into ``<span style=...>``.
-"""
+"""A rank stream as a terminal would show it: ``\\r`` returns to the start of the line and the next
+characters overwrite it, ``\\n`` ends it, ANSI SGR (colour, bold, ...) is kept as styling, every
+other escape is dropped; so a tqdm bar is one line that changes. Pure, and cheap on floods: a chunk
+without ``\\r``, ``\\b`` or ESC is split on newlines in bulk, and a line keeps at most ``limit``
+characters (the rest is counted, not kept; the full bytes stay in the rank's log). A line is a
+``str`` whose styled runs start with a canonical SGR sequence (``\\x1b[1;32m``) and that ends with
+``\\x1b[0m`` if it has any; ``plain`` strips them, ``to_html`` makes ``<span style=...>``."""
 from __future__ import annotations
 
 import codecs

@@ -1,26 +1,11 @@
-"""Live view of a launch: a status output (headline, hang banner, one chip per rank, the launch
-line) above an ipywidgets view with one pane per rank (its stdout and stderr, stderr
-highlighted, and its rich output) and an "all ranks" pane with lines interleaved in arrival
-order. Up to 8 shown ranks get tabs; more get a selector.
-
-The status is a plain text/html + text/plain display, not a widget, updated under its
-display_id: a notebook saved while the cell runs keeps the last state it showed, readable after
-the kernel is gone (a widget's display cannot be updated so: front ends re-create its view).
-When the launch ends, the status is replaced by the static text/plain + text/html transcript
-(nbddp/views/transcript.py), the widget's display is emptied and every widget of the view is
-closed: a saved notebook reads the same after a kernel restart, on GitHub and in nbconvert, and
-the kernel keeps no widgets from past cells.
-
-Each rank stream goes through a terminal model (nbddp/views/terminal.py): a line still being written
-(a progress bar) is shown at the bottom of its pane, updated at the pane's rate, and mirrored on
-the rank's chip.
-
-Bounded: each pane holds about the last TAIL_LINES lines in a ring of SLOTS blocks (with an "N
-earlier lines hidden" marker and the full log's path); widget updates are sent from ``tick``
-only, at most every PANE_INTERVAL_S per pane and within a token-bucket budget of
-RATE_CHARS_PER_S, so a flood of long lines costs the front end about 1 MB of HTML a second,
-whatever the ranks produce.
-"""
+"""Live view of a launch: a status output (headline, hang banner, one chip per rank, the launch line)
+above an ipywidgets view with one pane per rank and an "all ranks" pane. The status is a plain
+display updated under its display_id, not a widget, so a notebook saved mid-run keeps its last
+state; at the end it becomes the static transcript (nbddp/views/transcript.py) and every widget is
+closed, so a saved notebook reads the same anywhere and the kernel keeps no widgets. Streams go
+through a terminal model (nbddp/views/terminal.py). Bounded: a pane keeps about TAIL_LINES lines in
+SLOTS reused blocks, and updates go out from ``tick`` only, at most every PANE_INTERVAL_S per pane
+within a RATE_CHARS_PER_S budget, whatever the ranks produce."""
 from __future__ import annotations
 
 import html

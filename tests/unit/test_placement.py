@@ -14,29 +14,29 @@ def spec(line):
 def test_no_cuda_means_gloo_and_no_variables():
     p = placement.plan(spec("-n 4"), 0)
     assert p.backend == "gloo" and p.devices == () and p.device_of(0) is None
-    assert placement.gpu_env(spec("-n 4"), 0) == {}
+    assert p.env == ()
 
 
 def test_cuda_means_nccl_and_one_device_per_local_rank():
     p = placement.plan(spec("-n 4"), 4)
     assert p.backend == "nccl" and p.devices == (0, 1, 2, 3)
     assert [p.device_of(r) for r in range(4)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
-    assert placement.gpu_env(spec("-n 4"), 4) == {}  # all visible: cuda:LOCAL_RANK is already right
+    assert p.env == ()  # all visible: cuda:LOCAL_RANK is already right
 
 
 def test_gpus_choose_devices_through_cuda_visible_devices():
     s = spec("-n 3 --gpus 0,1,3")
     p = placement.plan(s, 4)
     assert p.devices == (0, 1, 3) and p.backend == "nccl"
-    assert placement.gpu_env(s, 4) == {"CUDA_VISIBLE_DEVICES": "0,1,3"}
+    assert dict(p.env) == {"CUDA_VISIBLE_DEVICES": "0,1,3"}
     # LOCAL_RANK indexes the chosen devices: rank 2 uses cuda:2, which is physical device 3
     assert p.device_of(2) == "cuda:2" and p.physical[2] == "3"
 
 
 def test_gpus_are_numbered_within_an_existing_cuda_visible_devices():
     s = spec("-n 2 --gpus 1,2")
-    env = placement.gpu_env(s, 3, {"CUDA_VISIBLE_DEVICES": "4,6,7"})
-    assert env == {"CUDA_VISIBLE_DEVICES": "6,7"}
+    env = placement.plan(s, 3, {"CUDA_VISIBLE_DEVICES": "4,6,7"}).env
+    assert dict(env) == {"CUDA_VISIBLE_DEVICES": "6,7"}
 
 
 @pytest.mark.parametrize("line, count, words", [
@@ -79,10 +79,12 @@ def test_gloo_may_share_devices():
 
 def test_rank_env_adds_visible_devices_only_with_gpus():
     kw = dict(master_port=1, run_id="r", error_file="e", base_env={"PATH": "/bin"})
-    plain = rank_env(spec("-n 2"), 0, device_count=0, **kw)
+    plain = rank_env(spec("-n 2"), 0, devices_env=placement.plan(spec("-n 2"), 0).env, **kw)
     assert "CUDA_VISIBLE_DEVICES" not in plain
-    chosen = rank_env(spec("-n 2 --gpus 1,3"), 1, device_count=4, **kw)
+    gpus = spec("-n 2 --gpus 1,3")
+    chosen = rank_env(gpus, 1, devices_env=placement.plan(gpus, 4).env, **kw)
     assert chosen["CUDA_VISIBLE_DEVICES"] == "1,3" and chosen["LOCAL_RANK"] == "1"
     # the user's --env still wins
-    mine = rank_env(spec("-n 2 --gpus 1,3 --env CUDA_VISIBLE_DEVICES=0,1"), 1, device_count=4, **kw)
+    mine_spec = spec("-n 2 --gpus 1,3 --env CUDA_VISIBLE_DEVICES=0,1")
+    mine = rank_env(mine_spec, 1, devices_env=placement.plan(mine_spec, 4).env, **kw)
     assert mine["CUDA_VISIBLE_DEVICES"] == "0,1"

@@ -13,6 +13,7 @@ import pytest
 
 from nbddp.core import job as rankjob
 from nbddp.core import messages as msg
+from nbddp.core import placement
 from nbddp.core.job import Cell, RankJob
 from nbddp.core.rankfiles import RankFiles
 from nbddp.core.spec import LaunchSpec
@@ -23,7 +24,7 @@ from nbddp.sources.rankjobs import rank_jobs
 def _jobs(spec, root="/logs/launch-1", **kw):
     cell = Cell("print(1)\n", "/nb/.nbddp-1.py", "Cell In[3]", {"path": "/dev/shm/x"}, ["loss"])
     return rank_jobs(spec, RankFiles(root), cell, master_port=29511, cwd="/nb", base_env={"HOME": "/root"},
-                     device_count=0, backend="gloo", **kw)
+                     plan=placement.plan(spec, 0), **kw)
 
 
 # ------------------------------------------------------------------ RankJob

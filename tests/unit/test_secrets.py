@@ -26,10 +26,10 @@ def mode(path) -> int:
 
 
 def test_ranks_and_srun_do_not_inherit_the_hub_token_unless_the_cell_names_it(tmp_path):
-    env = rank_env(parse_line("-n 2"), 1, master_port=1, run_id="r", error_file="e", base_env=HUB, device_count=0)
+    env = rank_env(parse_line("-n 2"), 1, master_port=1, run_id="r", error_file="e", base_env=HUB)
     assert not set(HUB_TOKENS) & set(env) and env["HOME"] == "/home/u"
     asked = parse_line("-n 2 --env JUPYTERHUB_API_TOKEN=given")
-    env = rank_env(asked, 0, master_port=1, run_id="r", error_file="e", base_env=HUB, device_count=0)
+    env = rank_env(asked, 0, master_port=1, run_id="r", error_file="e", base_env=HUB)
     assert env["JUPYTERHUB_API_TOKEN"] == "given" and "JPY_API_TOKEN" not in env
     launch = SlurmLaunch(Launch(parse_line("--launcher slurm -n 1"), source="pass", cwd=str(tmp_path),
                                 env_base=dict(HUB, PATH="")))
