@@ -1,6 +1,6 @@
 """A class on one server: K students each run the same lessons at the same moment, as a class
 does on a JupyterHub node (under papermill, so each lesson runs in a kernel of its own). Not
-part of the CI suite (tests/test_class_load.py runs a small version of it).
+part of the CI suite (tests/kernel/test_class_load.py runs a small version of it).
 
     .venv/bin/python benchmarks/class_load.py                      # 8 students, lessons 00-05
     .venv/bin/python benchmarks/class_load.py --kernels 2 --lessons 00,01 --private

@@ -41,7 +41,7 @@ autodoc_typehints = "none"      # signatures as written; the docstrings say what
 autodoc_member_order = "bysource"
 
 nitpicky = True
-smartquotes = False  # messages and hints are shown as nbddp prints them (tests/test_docs.py finds them)
+smartquotes = False  # messages and hints are shown as nbddp prints them (tests/kernel/test_docs.py finds them)
 
 html_theme = "furo"
 html_title = f"nbddp {release}"

@@ -2,12 +2,12 @@
 
     python notebooks/executed.py                          # runs every lesson under papermill (about 5 min on 2 cores)
     python notebooks/executed.py 03_p2p_and_collectives   # ... or only these
-    python notebooks/executed.py --from artifacts/notebooks   # reuse the copies tests/test_notebooks.py just executed
+    python notebooks/executed.py --from artifacts/notebooks   # reuse the copies tests/kernel/test_notebooks.py just executed
 
 GitHub and nbviewer show a notebook's outputs: the plots, the ranks' transcripts, the results. A
 copy is scrubbed of what belongs to the machine that ran it (its folders, home, interpreter, host
 name, process ids) and of papermill's timings, so it reads the same wherever it was made.
-tests/test_notebooks.py checks that every lesson has a copy of its current cells, with no machine
+tests/unit/test_lesson_sources.py checks that every lesson has a copy of its current cells, with no machine
 path in it.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ class ExerciseCheckError(AssertionError):
 
 
 def execute(src: str, dst: str, kernel_name: str, cwd: str, source: str | None = None) -> None:
-    """Run one lesson headless, as tests/test_notebooks.py and this script do: under papermill, with
+    """Run one lesson headless, as tests/kernel/test_notebooks.py and this script do: under papermill, with
     its exercise check tried on the exercise as given and on each of its source's mistakes
     (notebooks/lessonrun.py); a check that does not fail on those raises ExerciseCheckError.
     ``source``: the lesson's source, when not notebooks/src/NAME.py."""

@@ -41,7 +41,7 @@ MORE = {
     "sbatch": "/howto/cluster",
 }
 
-# An error text that triggers each hint (matched by the hint's own pattern in tests/test_docs.py),
+# An error text that triggers each hint (matched by the hint's own pattern in tests/unit/test_docs_sources.py),
 # keyed by the pattern's source; a hint without one shows its pattern alone.
 EXAMPLES = {
     "environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected":

@@ -1,6 +1,6 @@
 """The environment each rank gets: the same variables, with the same values, as torchrun sets.
 
-Pure logic. ``tests/test_torchrun_env.py`` runs real torchrun and compares, so this list is
+Pure logic. ``tests/kernel/test_torchrun_env.py`` runs real torchrun and compares, so this list is
 checked against torch itself rather than trusted.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every user-facing ``NBDDP_*`` variable, in one table (name, default, meaning, when it is read)
 and read by one parser, so a setting is spelled, defaulted and parsed in one place and the docs'
-table (docs/reference/environment.md) is checked against this one (tests/test_unit_settings.py).
+table (docs/reference/environment.md) is checked against this one (tests/unit/test_settings.py).
 
 A value that does not parse reads as the default: a setting never stops a cell.
 Variables nbddp sets for its own processes are not settings: they start with ``_NBDDP_``
@@ -84,7 +84,7 @@ def read(setting: Setting, environ=None) -> str | float | bool:
 
 def list_table_rows() -> str:
     """The settings as rows of docs/reference/environment.md's MyST list-table (name, default,
-    effect); tests/test_unit_settings.py holds the page to them."""
+    effect); tests/unit/test_settings.py holds the page to them."""
     rows = []
     for s in SETTINGS:
         default = s.shown_default or f"`{s.default}`"
