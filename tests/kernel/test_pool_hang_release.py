@@ -7,9 +7,7 @@ import time
 
 import pytest
 
-from helpers import alive
-
-pytestmark = pytest.mark.kernel  # see tests/conftest.py
+from support.helpers import alive
 
 SETUP = ("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\nrank = dist.get_rank()\n"
          "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)")
