@@ -26,9 +26,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from kernel import Kernel  # noqa: E402
-
 import first_cell  # noqa: E402 - benchmarks/first_cell.py: the first cell after %load_ext
+from kernel import Kernel  # noqa: E402
 
 TRIVIAL = "pass"
 # (d) and (e): what a real training cell does. BODY is the part after the process group exists

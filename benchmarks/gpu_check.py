@@ -1,7 +1,12 @@
 """GPU checks for nbddp on a CUDA machine (run by hand where a GPU exists; not in CI): a kernel-like parent that already initialised CUDA
 forks ranks from the forkserver; nccl DDP training with destroy never hangs; gloo soak."""
-import collections, os, sys, time
+import collections
+import os
+import sys
+import time
+
 import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import nbddp
 

@@ -12,15 +12,15 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 
 from nbddp import api
-from nbddp.kernel import pulling
-from nbddp.sources import supervisor
 from nbddp.core.cellnames import cell_label
 from nbddp.core.errors import DDPUsageError
-from nbddp.core.result import Interrupted
 from nbddp.core.launchrules import parse_line
 from nbddp.core.linecommands import parse_export_line, parse_pool_line
+from nbddp.core.result import Interrupted
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState
+from nbddp.kernel import pulling
+from nbddp.sources import supervisor
 
 
 @contextlib.contextmanager

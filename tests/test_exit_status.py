@@ -4,9 +4,8 @@ read, the same true code for all; multiprocess alone gives some of them 255 (the
 read empty by the second reader)."""
 import threading
 
-from multiprocess.connection import wait
-
 import pytest
+from multiprocess.connection import wait
 
 import nbddp.sources.rankprocs  # noqa: F401 - what the launcher imports
 from nbddp.forkserver import starter

@@ -7,9 +7,8 @@ import time
 import pytest
 from jupyter_client.session import Session
 
-from nbddp.core.frontends import ANSWER_WINDOW_S
-
 from kernel import Kernel
+from nbddp.core.frontends import ANSWER_WINDOW_S
 from test_display import WIDGET_MIME, of_type, run_raw, stdout_of
 
 pytestmark = pytest.mark.kernel

@@ -14,10 +14,9 @@ import random
 import pytest
 
 from kernel import Kernel
-from test_unit_fuzz_input import SEED, random_line
-
 from nbddp import DDPUsageError
 from nbddp.core import launchrules as rules
+from test_unit_fuzz_input import SEED, random_line
 
 SAMPLE = 150
 

@@ -15,7 +15,6 @@ import pytest
 from helpers import alive, wait_gone
 from kernel import Kernel
 
-
 pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
 STRESS = int(os.environ.get("NBDDP_STRESS", "50"))  # interrupts per kind (fresh, pool): 100 in all
@@ -145,6 +144,7 @@ def test_a_start_after_the_warm_forkserver_died_gets_a_new_ones_limit():
     launch) is a new forkserver's, which imports torch first: it was the warm one's 10 s, and on
     a loaded machine the replacement was killed as stuck (CI: no forkserver after the refill)."""
     from multiprocess import forkserver
+
     from nbddp.forkserver import starter
 
     child = os.fork()

@@ -9,12 +9,13 @@ import sys
 import time
 
 import pytest
-from nbddp import DDPUsageError
 
 from helpers import alive, wait_until
 from kernel import Kernel
-from nbddp.sources.slurm_script import sbatch_options, sbatch_text
+from nbddp import DDPUsageError
 from nbddp.core.launchrules import parse_line
+from nbddp.sources.slurm_script import sbatch_options, sbatch_text
+
 
 def slurm_answers() -> bool:
     """sinfo exists and its controller answers (installed but stopped, e.g. after
@@ -326,6 +327,7 @@ def test_the_exported_job_keeps_every_ranks_line_in_ten_runs(tmp_path):
     lines whole in every .out, every job exits 0. test_exported_sbatch_job_gives_each_rank_the_cells_output
     runs the two-node job."""
     import io
+
     from nbddp.export import export_cell
 
     if not HAVE_SLURM:

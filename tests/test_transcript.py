@@ -2,9 +2,9 @@
 import html
 import re
 
-from nbddp.views import transcript
-from nbddp.core.result import FAILED, OK, RankResult, RunResult
 from nbddp.core.launchrules import make_spec
+from nbddp.core.result import FAILED, OK, RankResult, RunResult
+from nbddp.views import transcript
 
 
 def _result(n, states=None, log_dir="/tmp/logs"):

@@ -19,8 +19,7 @@ import psutil
 import pytest
 
 from nbddp import DDPUsageError
-from nbddp.core import launchrules as rules
-from nbddp.core import linecommands
+from nbddp.core import launchrules as rules, linecommands
 from nbddp.core.spec import LaunchSpec
 
 SEED = int(os.environ.get("NBDDP_FUZZ_SEED", "37"))

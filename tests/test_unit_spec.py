@@ -12,11 +12,9 @@ import pytest
 
 import nbddp
 from nbddp import DDPUsageError
-from nbddp.core import launchrules as rules
-from nbddp.core import linecommands
-from nbddp.core.spec import LaunchSpec
+from nbddp.core import launchrules as rules, linecommands, settings
 from nbddp.core.launchrules import parse_line
-from nbddp.core import settings
+from nbddp.core.spec import LaunchSpec
 from nbddp.forkserver import tcpstore
 from nbddp.sources import rendezvous
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
+from frontend import visible_lines
 from nbddp.core.iopubrate import SERVER_DATA_RATE, SERVER_WINDOW_S, RateWindow, stream_bytes
 from nbddp.core.launchrules import make_spec
 from nbddp.views.textview import TextView
-from frontend import visible_lines
 
 
 class Streams:

@@ -5,10 +5,8 @@ import sys
 
 import pytest
 
-
 from nbddp import export
-from nbddp.core import diagnosis
-from nbddp.core import torchrun_cli
+from nbddp.core import diagnosis, torchrun_cli
 from nbddp.core.launch import Launch
 from nbddp.core.launchrules import parse_line
 from nbddp.sources.slurm import SlurmLaunch, node_script_text

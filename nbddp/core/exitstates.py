@@ -8,7 +8,6 @@ import signal
 from nbddp.core import diagnosis
 from nbddp.core.states import RankState, StopReason
 
-
 _C_LONG = 1 << 63
 
 

@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
 from nbddp.core.errors import NbddpError
 from nbddp.core.rankfiles import RankFiles
 from nbddp.core.states import FINAL_STATES, RankState  # noqa: F401 - FINAL_STATES: imported from here
-from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
 from nbddp.core.summary import label, state_lines, wrapped
 
 TAIL_BYTES = 1 << 16  # what the diagnosis reads of a rank's stderr (its last 64 KB)

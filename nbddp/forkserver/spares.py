@@ -21,11 +21,8 @@ import time
 
 from multiprocess.connection import Connection
 
-from nbddp.core import job as rankjob
-from nbddp.core import messages as msg
-from nbddp.forkserver import preload
-from nbddp.forkserver import starter
-from nbddp.core import settings
+from nbddp.core import job as rankjob, messages as msg, settings
+from nbddp.forkserver import preload, starter
 from nbddp.kernel import forkguard
 from nbddp.rank import worker
 

@@ -21,11 +21,12 @@ import multiprocess
 from multiprocess import forkserver, spawn, util
 
 from nbddp.core.errors import NbddpError
-from nbddp.kernel import forkguard
-from nbddp.kernel import janitor
 from nbddp.forkserver import privnet
-from nbddp.forkserver.preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/forkserver/preload.py
-from nbddp.forkserver.preload import PROBE_TIMEOUT_S
+from nbddp.forkserver.preload import (
+    NAMES as PRELOAD,  # the list and the reason for each entry: nbddp/forkserver/preload.py
+    PROBE_TIMEOUT_S,
+)
+from nbddp.kernel import forkguard, janitor
 from nbddp.rank import worker
 
 _lock = threading.Lock()

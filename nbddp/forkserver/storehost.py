@@ -26,8 +26,7 @@ import multiprocess.forkserver
 
 from nbddp.core import settings
 from nbddp.core.errors import DDPUsageError
-from nbddp.forkserver import privnet
-from nbddp.forkserver import starter
+from nbddp.forkserver import privnet, starter
 from nbddp.forkserver.tcpstore import host_store
 from nbddp.kernel import forkguard
 from nbddp.rank import netrecord

@@ -21,8 +21,8 @@ import tempfile
 import uuid
 
 from nbddp.kernel.janitor import remove_at_exit
-from nbddp.rank.pushed import rebuild_storage, rebuild_tensor  # what a rank rebuilds tensors with (by name)
 from nbddp.kernel.logdirs import private
+from nbddp.rank.pushed import rebuild_storage, rebuild_tensor  # what a rank rebuilds tensors with (by name)
 
 _folder: str | None = None
 

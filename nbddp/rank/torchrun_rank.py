@@ -19,13 +19,11 @@ import time
 import traceback
 import types
 
-from nbddp.rank import cellsource
-from nbddp.rank import nostdin
-from nbddp.rank import stackwatch
 from nbddp.core import settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.exitstates import exit_status
 from nbddp.core.rankfiles import RankFiles
+from nbddp.rank import cellsource, nostdin, stackwatch
 from nbddp.rank.worker import cell_line
 
 STATUS_DIR_VAR = settings.ELASTIC_DIR  # the internal names: nbddp/core/settings.py

@@ -17,19 +17,11 @@ import time
 import traceback
 import types
 
-from nbddp.rank import asking
-from nbddp.rank import pushed
-from nbddp.rank import stackwatch
-from nbddp.rank import teardown
-from nbddp.rank import netrecord
-from nbddp.rank import user_rendezvous
-from nbddp.rank.procname import set_name
-from nbddp.core import exitstates
-from nbddp.core import settings
-from nbddp.core import job as rankjob
-from nbddp.core import messages as msg
+from nbddp.core import exitstates, job as rankjob, messages as msg, settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.job import Cell, RankJob
+from nbddp.rank import asking, netrecord, pushed, stackwatch, teardown, user_rendezvous
+from nbddp.rank.procname import set_name
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}

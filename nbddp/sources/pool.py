@@ -15,25 +15,23 @@ import signal
 import time
 from dataclasses import replace
 
-from nbddp.core import diagnosis
-from nbddp.kernel import logdirs
-from nbddp.core import placement
-from nbddp.forkserver import storehost
-from nbddp.kernel.cellfiles import cell_files
-from nbddp.sources import supervisor
-from nbddp.core import messages as msg
+from nbddp.core import diagnosis, messages as msg, placement
 from nbddp.core.cellnames import log_label
+from nbddp.core.exitstates import ended_by_nbddp, ended_by_the_stop, settle
 from nbddp.core.job import Cell
 from nbddp.core.launch import Launch
 from nbddp.core.rankfiles import RankFiles
-from nbddp.sources.rankjobs import rank_jobs
-from nbddp.sources.rankprocs import Rank, RankProcs
-from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RunResult, launch_result
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState, StopReason
 from nbddp.core.summary import label
-from nbddp.core.exitstates import ended_by_nbddp, ended_by_the_stop, settle
+from nbddp.forkserver import storehost
+from nbddp.kernel import logdirs
+from nbddp.kernel.cellfiles import cell_files
+from nbddp.sources import supervisor
+from nbddp.sources.rankjobs import rank_jobs
+from nbddp.sources.rankprocs import Rank, RankProcs
+from nbddp.sources.rendezvous import host_for
 from nbddp.sources.supervisor import Source, Supervisor
 
 FAILED_PEER_GRACE_S = 3.0  # a rank raised: how long the others may finish before being interrupted

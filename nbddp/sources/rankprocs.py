@@ -12,14 +12,11 @@ import selectors
 import signal
 import time
 
-from nbddp.sources import exitstatus
-from nbddp.forkserver import spares
-from nbddp.forkserver import starter
-from nbddp.sources import descriptors
-from nbddp.sources import ranklogs
 from nbddp.core import messages as msg
 from nbddp.core.job import RankJob
 from nbddp.core.result import RUNNING, RankResult
+from nbddp.forkserver import spares, starter
+from nbddp.sources import descriptors, exitstatus, ranklogs
 
 READ_CHUNK = 1 << 16
 DRAIN_LIMIT_S = 2.0  # waiting for pipes held open by something that escaped the group

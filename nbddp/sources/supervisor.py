@@ -22,13 +22,13 @@ import time
 from contextlib import contextmanager
 
 from nbddp.core import diagnosis
+from nbddp.core.cellnames import name_cell
+from nbddp.core.states import LaunchState, StopReason
+from nbddp.core.summary import label
 from nbddp.forkserver import privnet
 from nbddp.kernel.inputbox import InputBox
 from nbddp.sources import stacks
 from nbddp.sources.asking import Asking
-from nbddp.core.cellnames import name_cell
-from nbddp.core.states import LaunchState, StopReason
-from nbddp.core.summary import label
 
 NEW, STARTING, RUNNING, STOPPING, CLOSING, DONE = LaunchState
 

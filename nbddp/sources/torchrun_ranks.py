@@ -15,15 +15,15 @@ from __future__ import annotations
 import glob
 import json
 import os
-import stat
 import socket
+import stat
 import time
 
 from nbddp.core import exitstates
-from nbddp.sources.exitstatus import running
 from nbddp.core.rankfiles import RankFiles
 from nbddp.core.result import RankResult, RunResult
 from nbddp.core.states import RankState
+from nbddp.sources.exitstatus import running
 
 
 class TorchrunRanks:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nbddp.core import frontends
-from nbddp.core import settings
+from nbddp.core import frontends, settings
 from nbddp.core.sink import Sink
 from nbddp.kernel import frontend_probe
 from nbddp.views import transcript

@@ -28,8 +28,7 @@ from nbddp.core.iopubrate import SERVER_DATA_RATE, RateWindow, stream_bytes
 from nbddp.core.samelines import SameLines
 from nbddp.core.sink import Sink
 from nbddp.core.summary import label, wrapped
-from nbddp.views import terminal
-from nbddp.views import transcript
+from nbddp.views import terminal, transcript
 from nbddp.views.terminal import Terminal
 
 PENDING_INTERVAL_S = 0.3      # a rewritten line is re-sent at most ~3 times a second

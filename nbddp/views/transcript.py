@@ -14,10 +14,10 @@ from collections import deque
 
 from nbddp.core import summary
 from nbddp.core.diagnosis import final_notes
-from nbddp.core.samelines import SameLines
-from nbddp.views import terminal
 from nbddp.core.result import FINAL_STATES, KILLED, OK, RUNNING, STARTING, signal_name
+from nbddp.core.samelines import SameLines
 from nbddp.core.states import RankState
+from nbddp.views import terminal
 from nbddp.views.terminal import Terminal
 
 MAX_LINE = terminal.MAX_LINE  # characters kept of one line (the rest is counted, not kept)

@@ -28,15 +28,15 @@ import itertools
 import time
 
 import ipywidgets as W
-from ipywidgets.widgets.widget_string import HTMLStyle
 from IPython.display import display as ipy_display
+from ipywidgets.widgets.widget_string import HTMLStyle
 
-from nbddp.core.sink import Sink
-from nbddp.views import transcript
+from nbddp.core import summary
 from nbddp.core.diagnosis import IDLE_WARNING
 from nbddp.core.result import OK, RUNNING, STARTING
-from nbddp.core import summary
+from nbddp.core.sink import Sink
 from nbddp.core.summary import CAUSING, label
+from nbddp.views import transcript
 from nbddp.views.textview import KERNEL_WINDOW, REPORT_WAIT_S
 from nbddp.views.transcript import Collector
 
