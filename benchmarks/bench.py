@@ -254,7 +254,7 @@ class Bench:
             code = f"notebook_launcher(_acc_{case}, num_processes={n})"
             timed_cell = self.cell(code, kernel=self.acc, mark=MARKS.get(case))
 
-            def run():
+            def run(timed_cell=timed_cell):  # this case's cell
                 # notebook_launcher forks the (multi-threaded) kernel; a forked rank can hang.
                 # Such a run is reported as hung, its processes killed, never timed.
                 try:
@@ -262,7 +262,7 @@ class Bench:
                 except TimeoutError:
                     self.kill_forked_kernels()
                     self.acc.execute("pass", timeout=60)  # wait for the failed cell to end
-                    raise Hung()
+                    raise Hung() from None
             try:
                 self.measure(case, n, "accelerate", run)
             except Hung:
@@ -311,12 +311,12 @@ class Bench:
             self.k.execute("_cluster is not None and _cluster.stop_cluster_sync()", timeout=120)
 
     def spawn(self, n):
-        self.k.ok(textwrap.dedent(f"""\
+        self.k.ok(textwrap.dedent("""\
             import multiprocess, socket
             def _spawn_job(rank, port, world, code):
                 import os
                 os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                exec(code, {{"__name__": "__main__"}})
+                exec(code, {"__name__": "__main__"})
             def _spawn_run(world, code):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
@@ -537,7 +537,7 @@ def plot(bench, path):
     cases = [c for c in ("trivial", "allreduce", "ddp", "dataloader") if any(k[0] == c for k in bench.rows)]
     fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4.5), squeeze=False)
     axes = axes[0]
-    for ax, case in zip(axes, cases):
+    for ax, case in zip(axes, cases, strict=True):
         ns = sorted({n for (c, n) in bench.rows if c == case})
         peers = [p for p in PEERS if any(isinstance(bench.rows[(case, n)].get(p), dict) for n in ns)]
         width = 0.8 / max(1, len(peers))

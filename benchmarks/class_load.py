@@ -93,7 +93,7 @@ def student(lessons: list[str], out_dir: str) -> None:
         try:
             papermill.execute_notebook(src, dst, kernel_name=KERNEL, cwd=work, progress_bar=False,
                                        request_save_on_cell_execute=False, execution_timeout=600)
-        except Exception as exc:  # noqa: BLE001 - reported, the next lesson still runs
+        except Exception as exc:  # reported, the next lesson still runs
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         elapsed = time.monotonic() - started
         seen = []

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from kernel import Kernel  # noqa: E402
+from kernel import Kernel
 
 # Many cells here count each rank's own copy of a line ("next cell ok" twice), so the suite's
 # kernels show identical lines apart; the default, merge, is tested where it is said

@@ -72,7 +72,7 @@ def jupyter_server(module: str, root, env: dict, log_path, *args: str, timeout: 
             except Exception:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     log.close()
-                    raise RuntimeError(f"{module} did not start:\n" + open(log_path).read()[-3000:])
+                    raise RuntimeError(f"{module} did not start:\n" + open(log_path).read()[-3000:]) from None
                 time.sleep(0.3)
         yield base, token
     finally:

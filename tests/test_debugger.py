@@ -4,7 +4,6 @@ nbddp/kernel/inputbox.py): a rank's pdb prompt and input() go to the notebook's 
 box does (jupyter_client: allow_stdin, input_request / input_reply), with real ranks."""
 from __future__ import annotations
 
-import psutil
 import pytest
 
 from kernel import worker_pids

@@ -7,7 +7,7 @@ import threading
 import pytest
 from multiprocess.connection import wait
 
-import nbddp.sources.rankprocs  # noqa: F401 - what the launcher imports
+import nbddp.sources.rankprocs  # what the launcher imports
 from nbddp.forkserver import starter
 
 pytestmark = pytest.mark.kernel  # see tests/conftest.py
@@ -19,6 +19,11 @@ def _exit_7():
     os._exit(7)
 
 
+def _poll_together(barrier, process):
+    barrier.wait()
+    process._popen.poll()
+
+
 def test_an_exit_code_polled_by_several_threads_at_once_is_the_true_one():
     ctx = starter.context("forkserver")
     codes = []
@@ -28,12 +33,7 @@ def test_an_exit_code_polled_by_several_threads_at_once_is_the_true_one():
         # it has exited and its status waits in the pipe (a fixed sleep was too short on a busy machine)
         assert wait([process.sentinel], 30)
         barrier = threading.Barrier(4)
-
-        def poll():
-            barrier.wait()
-            process._popen.poll()
-
-        threads = [threading.Thread(target=poll) for _ in range(4)]
+        threads = [threading.Thread(target=_poll_together, args=(barrier, process)) for _ in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:

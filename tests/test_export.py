@@ -74,7 +74,7 @@ def finish(proc, timeout=120) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         text, _ = proc.communicate()
-        raise AssertionError(f"torchrun did not finish: {text[-3000:]}")
+        raise AssertionError(f"torchrun did not finish: {text[-3000:]}") from None
     assert proc.returncode == 0, text[-3000:]
     return text
 

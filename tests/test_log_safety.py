@@ -2,10 +2,7 @@
 or can write is refused in one line before anything starts; links planted in the user's own
 folder are replaced, never written through; and a status file naming a pid nbddp did not start
 (planted, or left by an earlier launch) never makes the kernel signal that process."""
-import json
 import os
-import signal
-import socket
 import subprocess
 import time
 

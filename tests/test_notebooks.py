@@ -139,7 +139,10 @@ def test_an_exercise_has_a_place_to_try_a_folded_solution_and_a_check_that_says_
     hidden until opened (tag ``solution``; papermill runs it, so the lesson stays checked), then a
     check (tag ``check``) whose every assertion says in one line what is still wrong."""
     cells = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4).cells
-    tagged = lambda tag: [i for i, c in enumerate(cells) if tag in c.metadata.get("tags", [])]
+
+    def tagged(tag):
+        return [i for i, c in enumerate(cells) if tag in c.metadata.get("tags", [])]
+
     task = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("## Exercise")]
     (tried,), solution, (check,) = tagged("exercise"), tagged("solution"), tagged("check")
     assert task and task[0] < tried < min(solution) and max(solution) < check, (task, tried, solution, check)

@@ -290,7 +290,7 @@ def test_inside_an_allocation_the_cell_is_a_step_of_it(tmp_path):
             assert f"[rank{r}]:in job {job_id} step 0" in reply.stdout, reply.text
         assert jobs() == [f"{job_id} nbddp-test-alloc RUNNING"], jobs()  # the allocation stays, for the next cell
         # the kernel's exit while a cell runs: its step is cancelled, the allocation stays
-        msg_id = k.kc.execute("%%ddp --launcher slurm -n 1\nimport time\nprint('up', flush=True)\ntime.sleep(300)\n")
+        k.kc.execute("%%ddp --launcher slurm -n 1\nimport time\nprint('up', flush=True)\ntime.sleep(300)\n")
         assert wait_until(lambda: steps(job_id), 120, every=0.5), "the cell's step never started"
         k.km.shutdown_kernel(now=False)
         assert wait_until(lambda: not steps(job_id), 20, every=0.5), "the cell's step outlived the kernel"

@@ -14,7 +14,7 @@ CELL = ("import os, time, torch.distributed as dist\ndist.init_process_group('gl
 
 
 def _external_ipv4():
-    for name, addrs in psutil.net_if_addrs().items():
+    for addrs in psutil.net_if_addrs().values():
         for addr in addrs:
             if addr.family == socket.AF_INET and not addr.address.startswith("127."):
                 return addr.address

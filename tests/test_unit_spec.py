@@ -299,7 +299,7 @@ def test_private_net_rule_is_applied_by_the_store_host(monkeypatch):
     monkeypatch.setattr(privnet, "_probed", {})  # decided once per process: decide again here
     with pytest.raises(DDPUsageError, match="--start-method spawn starts ranks outside the private network"):
         rendezvous.host_for(parse_line("--start-method spawn"))
-    with pytest.raises(DDPUsageError, match="--master-addr 10.1.2.3 is not this machine's loopback"):
+    with pytest.raises(DDPUsageError, match=r"--master-addr 10\.1\.2\.3 is not this machine's loopback"):
         rendezvous.host_for(parse_line("--master-addr 10.1.2.3"))
 
 

@@ -92,7 +92,7 @@ def blocked_at(stack_text: str, cell_path: str, source: str | None) -> str | Non
     # started (its outermost frame threading's _bootstrap) is not where the rank is blocked.
     threads = sorted(parse_stacks(stack_text), key=_started_thread)
     for frames in threads:
-        for index, (file, line, func) in enumerate(frames):
+        for index, (file, line, _func) in enumerate(frames):
             if file != cell_path:
                 continue
             code = _source_line(source, line)
@@ -116,7 +116,7 @@ def _started_thread(frames) -> bool:
 
 def _innermost_library_call(frames) -> str | None:
     """The call the cell line is waiting in, named as the user wrote it (all_reduce, barrier…)."""
-    for file, line, func in reversed(frames):  # from the cell outward-in
+    for _file, _line, func in reversed(frames):  # from the cell outward-in
         if func not in ("wrapper", "inner", "_fn", "decorate_context", "<lambda>"):
             return func
     return None

@@ -28,7 +28,7 @@ _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class _Parser(argparse.ArgumentParser):
     """argparse that reports problems as DDPUsageError instead of exiting the kernel."""
 
-    def error(self, message):  # noqa: D401 - argparse API
+    def error(self, message):  # argparse API
         # "argument -n/--world-size/--np: -n must be…" reads better without the alias list
         message = re.sub(r"^argument [^:]+: (?=-|port|not a|[A-Za-z-]+ (must|takes))", "", message)
         if len(message) > 300:  # argparse repeats what it did not recognize: a hostile line can be long
@@ -296,7 +296,7 @@ def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: i
         raise DDPUsageError(f"%%ddp: -n {n} disagrees with --nproc-per-node {nproc_per_node} x "
                          f"--nnodes {nnodes} = {nproc_per_node * nnodes}")
     env = _env_pairs(options.pop("env", None))
-    for key, value in env:
+    for key, _value in env:
         if not _ENV_KEY.match(str(key)):
             raise DDPUsageError(f"%%ddp: --env key {_shown(key)} is not a valid variable name")
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes,

@@ -12,7 +12,7 @@ from typing import Any
 from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
 from nbddp.core.errors import NbddpError
 from nbddp.core.rankfiles import RankFiles
-from nbddp.core.states import FINAL_STATES, RankState  # noqa: F401 - FINAL_STATES: imported from here
+from nbddp.core.states import RankState
 from nbddp.core.summary import label, state_lines, wrapped
 
 TAIL_BYTES = 1 << 16  # what the diagnosis reads of a rank's stderr (its last 64 KB)
@@ -125,7 +125,7 @@ class RunResult:
     def ok(self) -> bool:
         return all(r.ok for r in self.ranks) and not self.interrupted and not self.timed_out
 
-    def rank(self, number: int) -> "RankResult | None":
+    def rank(self, number: int) -> RankResult | None:
         """The result of global rank ``number``, or None where it ran on another node
         (under ``--launcher torchrun`` a node holds only its own ranks)."""
         return next((r for r in self.ranks if r.rank == number), None)
@@ -171,7 +171,7 @@ class RunResult:
             lines.append(f"{label(oks)} finished ok")
         return "\n".join(lines + [n for n in final_notes(self.notes) if hang_notes or not is_hang_note(n)])
 
-    def raise_for_status(self) -> "RunResult":
+    def raise_for_status(self) -> RunResult:
         if self.ok:
             return self
         if self.interrupted:

@@ -270,7 +270,7 @@ def _take(offer: dict) -> None:
             if probed.get(name) == "ok":
                 try:
                     __import__(name)
-                except BaseException as exc:  # noqa: BLE001 - the forkserver must go on
+                except BaseException as exc:  # the forkserver must go on
                     verdicts[name] = f"failed here: {type(exc).__name__}"
     _verdicts = {offer.get("token"): verdicts}
 
@@ -306,7 +306,7 @@ def _probe(names: list[str]) -> dict[str, str]:
                 threads, cuda = _threads(), _touched_cuda()
                 try:
                     __import__(name)
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     verdicts[name] = f"import failed: {type(exc).__name__}: {str(exc)[:100]}"
                     continue
                 why = ("started a thread" if _threads() > threads else

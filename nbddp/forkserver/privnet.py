@@ -247,6 +247,6 @@ def probe_main() -> None:
     """The probe's body: can this process, started as the forkserver is, enter one?"""
     try:
         enter()
-    except Exception as exc:  # noqa: BLE001 - the one line the kernel shows
+    except Exception as exc:  # the one line the kernel shows
         sys.exit(str(getattr(exc, "strerror", None) or exc))
     sys.exit(0)

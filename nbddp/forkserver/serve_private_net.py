@@ -10,7 +10,7 @@ from nbddp.rank import netrecord
 if privnet.requested():
     try:
         privnet.enter()
-    except Exception as exc:  # noqa: BLE001 - recorded, never lost: see the docstring
+    except Exception as exc:  # recorded, never lost: see the docstring
         netrecord.failed(f"the forkserver could not enter one: "
                          f"{getattr(exc, 'strerror', None) or exc or type(exc).__name__}")
     else:

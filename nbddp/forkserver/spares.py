@@ -27,7 +27,7 @@ from nbddp.kernel import forkguard
 from nbddp.rank import worker
 
 _lock = threading.Lock()
-_stock: list["Plumbing"] = []
+_stock: list[Plumbing] = []
 _worker: threading.Thread | None = None  # the refill running now, if any
 _progress_at = 0.0  # when that refill last got on (started, began forking, forked, heard a spare ready)
 
@@ -60,7 +60,7 @@ class Plumbing:
         forkguard.hold(self.out_r, self.err_r, self.life_w, self.ctl.fileno(), self.job_w.fileno())
         self._child_ends = [Connection(out_w, readable=False), Connection(err_w, readable=False),
                             Connection(life_r, writable=False), ctl_w, job_r]
-        pipes = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends))
+        pipes = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends, strict=True))
         pipes["spare"] = spare  # a spare says msg.READY on ctl once it waits for its job
         self.process = ctx.Process(target=worker.entry, args=(pipes,), name="nbddp-rank")
 

@@ -29,7 +29,7 @@ def install() -> None:
     """input() and the debugger fail at once, naming the cause (a torchrun rank)."""
     import pdb
 
-    def input(prompt=""):  # noqa: A001 - replaces the builtin inside this rank only
+    def input(prompt=""):  # replaces the builtin inside this rank only
         shown = f"input({str(prompt)!r}): " if prompt else "input(): "
         raise NoStdin(shown + MESSAGE)
 

@@ -125,7 +125,7 @@ def main() -> None:
             print(exc.code, file=sys.stderr)
             status["exception"] = {"type": "SystemExit", "message": str(exc.code), "traceback": "",
                                    "cell_line": cell_line(exc.__traceback__, cell_path)}
-    except BaseException as exc:  # noqa: BLE001 - the user's error, shown as Python would
+    except BaseException as exc:  # the user's error, shown as Python would
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next

@@ -65,7 +65,7 @@ class ForkRanks(Source):
                          device_count=storehost.device_count(), backend=plan.backend,
                          func=self.func)
         ranks = []
-        for res, job in zip(self.result.ranks, jobs):
+        for res, job in zip(self.result.ranks, jobs, strict=True):
             ranks.append(Rank(res, job.stack_path, job.sigint_path))
         restarted = self.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=self.use_spares)
         if restarted:

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from dataclasses import replace
+from typing import TypeVar
 
 from nbddp.core import diagnosis, messages as msg, placement
 from nbddp.core.cellnames import log_label
@@ -45,7 +46,7 @@ class PoolRanks(Source):
     FIRST_SIGNAL = dict.fromkeys(StopReason, signal.SIGINT)
     persistent = True
 
-    def __init__(self, pool: "LivePool"):
+    def __init__(self, pool: LivePool):
         self.pool = pool
         self.procs = RankProcs(on_exit=self._on_exit, on_message=self._on_message, emit=self.emit)
         self.pending: set[int] = set()
@@ -186,6 +187,9 @@ class PoolRanks(Source):
                 self.procs.reap(rank, wait=5.0)
 
 
+_Pool = TypeVar("_Pool", bound="LivePool")  # start() and restart() return the pool they are called on
+
+
 class LivePool:
     """The pool's ranks between cells and all of its state (IDLE, BUSY, BROKEN and why, STOPPED),
     written here only: PoolRanks reports what its ranks did through ``rank_ended``,
@@ -234,7 +238,7 @@ class LivePool:
         return self.source.procs.ranks
 
     # --------------------------------------------------------------- lifecycle
-    def start(self) -> "Pool":
+    def start(self: _Pool) -> _Pool:
         if self.state in (IDLE, BUSY):
             return self
         interrupts = []
@@ -265,7 +269,7 @@ class LivePool:
         first = Cell(source="", path=files.cell_copy)  # each cell comes as msg.EXEC with its own
         jobs = rank_jobs(spec, files, first, master_port=port, cwd=self.cwd, base_env=self.base_env,
                          device_count=devices, backend=self.backend, pool=True)
-        ranks = [Rank(res, job.stack_path, job.sigint_path) for res, job in zip(source.result.ranks, jobs)]
+        ranks = [Rank(res, job.stack_path, job.sigint_path) for res, job in zip(source.result.ranks, jobs, strict=True)]
         restarted = source.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=False)
         if restarted:
             print(f"nbddp: {restarted}")
@@ -292,7 +296,7 @@ class LivePool:
             self.store = None
             logdirs.release(getattr(self, "log_root", None))  # its logs now age like any launch's
 
-    def restart(self) -> "Pool":
+    def restart(self: _Pool) -> _Pool:
         self.stop()
         return self.start()
 
@@ -354,7 +358,7 @@ class LivePool:
     def _fresh_result(self, log_dir: str) -> RunResult:
         """This cell's RunResult, each rank's handle given its RankResult (its pid kept)."""
         result = launch_result(self.spec, log_dir, master_port=self.master_port)
-        for res, handle in zip(result.ranks, self.ranks):
+        for res, handle in zip(result.ranks, self.ranks, strict=True):
             res.pid = handle.result.pid
             handle.result = res
         return result

@@ -103,12 +103,12 @@ class RankProcs:
                 rank.close_logs()
             raise
         self.ranks.extend(ranks)
-        for rank, plumbing in zip(ranks, made):
+        for rank, plumbing in zip(ranks, made, strict=True):
             rank.process, rank.ctl, rank.lifeline_w = plumbing.process, plumbing.ctl, plumbing.life_w
-        for rank, plumbing, job in zip(ranks[:len(ready)], made, jobs):  # spares begin now
+        for rank, plumbing, job in zip(ranks[:len(ready)], made, jobs, strict=False):  # the spares (first) begin now
             plumbing.send_job(job)
             self._watch(rank, plumbing)
-        fresh = list(zip(ranks, made, jobs))[len(ready):]
+        fresh = list(zip(ranks, made, jobs, strict=True))[len(ready):]
         try:
             restarted = self._start_fresh(fresh, ctx, start_method, duplex) or restarted
         finally:  # also after a failed start: the started ranks are watched (and ended)

@@ -34,6 +34,7 @@ from nbddp.core import diagnosis, envvars, torchrun_cli
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
+from nbddp.core.spec import LaunchSpec
 from nbddp.kernel.logdirs import private
 from nbddp.sources.slurm_script import PORT_CHECK, wants_gpus
 from nbddp.sources.torchrun import ElasticLaunch

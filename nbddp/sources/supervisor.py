@@ -15,7 +15,6 @@ is always ended, no nbddp-internal error escapes, and the launch always leaves t
 from __future__ import annotations
 
 import atexit
-import os
 import signal
 import threading
 import time
@@ -194,7 +193,7 @@ class Supervisor:
                     self.state = RUNNING
                     self.last_output = time.monotonic()
                     self._loop()
-                except BaseException as exc:  # noqa: BLE001 - raised again once all is ended
+                except BaseException as exc:  # raised again once all is ended
                     error = exc  # (a start that failed, or a view that raised)
                     source.kill_now()
                 self.state = CLOSING

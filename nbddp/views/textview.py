@@ -288,7 +288,7 @@ class TextView(Sink):
         if keep < len(numbered):
             self._holding.add(stream)
             for ranks, _, firsts in numbered[keep:]:
-                for r, n in zip(ranks, firsts):
+                for r, n in zip(ranks, firsts, strict=True):
                     self._held.add(r, stream, n)
 
     def _why_held(self) -> str:

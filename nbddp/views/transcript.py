@@ -14,9 +14,9 @@ from collections import deque
 
 from nbddp.core import summary
 from nbddp.core.diagnosis import final_notes
-from nbddp.core.result import FINAL_STATES, KILLED, OK, RUNNING, STARTING, signal_name
+from nbddp.core.result import KILLED, OK, RUNNING, STARTING, signal_name
 from nbddp.core.samelines import SameLines
-from nbddp.core.states import RankState
+from nbddp.core.states import FINAL_STATES, RankState
 from nbddp.views import terminal
 from nbddp.views.terminal import Terminal
 
@@ -357,7 +357,7 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
         out.append(f"  {summary.label(result.remote)}: on other nodes (their output is shown there)")
     out += _silent_lines(collector)
     for ranks, tail in ([] if streamed else _same_sections(collector)):
-        rank, (name, log) = ranks[0], _section_name(collector, ranks, tail)
+        name, log = _section_name(collector, ranks, tail)
         lines = list(tail.lines)[-lines_per_rank:]
         out.append(f"--- {name} ({tail.total} line{'s' if tail.total != 1 else ''}) ---")
         if tail.total > len(lines):

@@ -388,8 +388,10 @@ class WidgetView(Sink):
                        f'background:{bg};color:{fg};border:1px solid {fg}">&#9998; '
                        f'{html.escape(summary.asking_line(asking, waiting, purpose))}</div>')
             words = "asks for input" if purpose == "input" else "in the debugger"
-            progress = (lambda r: words if r == asking else "waits for the debugger" if r in waiting
-                        else self.c.progress(r))
+
+            def asking_progress(r):
+                return words if r == asking else "waits for the debugger" if r in waiting else self.c.progress(r)
+            progress = asking_progress
         return {"text/plain": transcript.live_text(self.c, hung),
                 "text/html": (f'<div class="nbddp-status" style="line-height:1.4">'
                               f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>{banner}'
