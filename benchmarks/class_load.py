@@ -11,9 +11,9 @@ in order. It checks that every lesson passed for every student (the lessons' own
 assert their results, so ranks that met another kernel's store would fail them), that with
 ``--private`` each kernel's ranks were in a network namespace of their own (a cell added after
 the lesson's ``%load_ext`` and one at its end print it and the time; two kernels may see the
-same number only one after the other, as the kernel frees it when it ends), and that nothing was left afterwards: no process of any
-kernel, no log folder, no pushed file. It prints
-each lesson's solo time next to its times under load, and exits 1 if any check failed.
+same number only one after the other, as the kernel frees it when it ends), and that nothing was left afterwards: no
+process of any kernel, no log folder, no pushed file. It prints each lesson's solo time next to its times under load,
+and exits 1 if any check failed.
 
 Different users (``--users``, as root): each student's kernel runs as a user of its own
 (``nbddp-student0``, ... created for the run and removed after it), as on a JupyterHub node. The

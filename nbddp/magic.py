@@ -1,6 +1,6 @@
 """The IPython side: ``%%ddp``, ``%ddp_pool`` and ``%ddp_export``. Each parses its line
-(nbddp/core/launchrules.py, nbddp/core/linecommands.py), calls the API (nbddp/api.py: ``run``, ``Pool``, nbddp/export.py), stores
-the result as ``_ddp``, moves ``--push``/``--pull`` values, and raises: a rank's failure as
+(nbddp/core/launchrules.py, nbddp/core/linecommands.py), calls the API (nbddp/api.py: ``run``, ``Pool``,
+nbddp/export.py), stores the result as ``_ddp``, moves ``--push``/``--pull`` values, and raises: a rank's failure as
 DDPError, bad input as IPython's UsageError (one line; the only place nbddp raises it)."""
 from __future__ import annotations
 

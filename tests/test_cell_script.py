@@ -252,7 +252,8 @@ def test_gpu_code_on_cpu_gets_its_hint(kernel, name):
 def test_name_cell_on_a_traceback_and_a_faulthandler_dump():
     script = "/nb/.nbddp-1.py"
     source = "# %%ddp\nimport time\ntime.sleep(9)\n"
-    tb = f'Traceback (most recent call last):\n  File "{script}", line 3, in <module>\n    time.sleep(9)\nKeyboardInterrupt\n'
+    tb = (f'Traceback (most recent call last):\n  File "{script}", line 3, in <module>\n    time.sleep(9)\n'
+          "KeyboardInterrupt\n")
     assert name_cell(tb, script, "Cell In[4]") == tb.replace(f'File "{script}"', "Cell In[4]")
     dump = f'Thread 0x1 (most recent call first):\n  File "{script}", line 3 in <module>\n'
     assert name_cell(dump, script, "Cell In[4]", source) == \

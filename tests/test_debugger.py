@@ -141,7 +141,8 @@ def test_breakpoint_in_a_pool_cell_and_the_pool_stays_usable(kernel):
     kernel.ok("%ddp_pool start -n 2")
     try:
         reply = kernel.converse("%%ddp\nimport os\nrank = int(os.environ['RANK'])\ntotal = rank * 5\n"
-                                "if rank == 1:\n    breakpoint()\n    total += 1", scripted("p total", "n", "p total", "c"))
+                                "if rank == 1:\n    breakpoint()\n    total += 1",
+                                scripted("p total", "n", "p total", "c"))
         assert reply.status == "ok", reply.text + str(reply.error)
         assert reply.prompts[:3] == ["(Pdb rank 1) "] * 3, reply.prompts
         assert "[rank1]:5\n" in reply.text and "[rank1]:6\n" in reply.text, reply.text

@@ -175,7 +175,8 @@ def test_exit_code_cause_gets_the_last_error_line_only_without_a_traceback(tmp_p
     raised = RankResult(rank=1, local_rank=1, node_rank=0, state="failed", cause="ValueError: x at cell line 2",
                         exception={"type": "ValueError", "message": "x"}, stderr_path=str(err))
     diagnosis.add_hints(RunResult(ranks=[quiet, raised], world_size=2, log_dir=str(tmp_path)))
-    assert quiet.cause == "exited with code 1: Cannot find primary config 'gpt2_train_cfg'. Check that it's in your config search path."
+    assert quiet.cause == ("exited with code 1: Cannot find primary config 'gpt2_train_cfg'. "
+                           "Check that it's in your config search path.")
     assert raised.cause == "ValueError: x at cell line 2"
 
 
@@ -411,7 +412,8 @@ def test_stacks_are_read_without_interrupting_system_calls(kernel):
     assert "cell line 8: dist.all_reduce(torch.ones(1)) (in all_reduce)" in out, out
     assert "cell line 10: if libc.nanosleep(" in out, out
     assert "no output from any rank" in out, out  # the idle warning asked too
-    assert "--timeout 10 stops the cell 10 s after it started" in out and "use --timeout" not in out, out  # it was given
+    # it was given
+    assert "--timeout 10 stops the cell 10 s after it started" in out and "use --timeout" not in out, out
     assert "Interrupted system call" not in out + reply.text and "frame #" not in out, out
 
 

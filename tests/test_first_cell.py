@@ -39,6 +39,7 @@ def test_first_cell_says_it_is_importing_torch_at_once_then_clears_it(tmp_path):
         # later cells do not wait and show no status
         messages, _ = run_raw(k, "%%ddp -n 2 --output text\nprint('second')")
         assert not of_type(messages, "display_data") or all(
-            "importing torch" not in m["content"]["data"].get("text/plain", "") for m in of_type(messages, "display_data"))
+            "importing torch" not in m["content"]["data"].get("text/plain", "")
+            for m in of_type(messages, "display_data"))
     finally:
         k.shutdown()

@@ -47,7 +47,8 @@ def kernel_name(tmp_path_factory):
 def test_every_lesson_is_built_from_its_source_in_order():
     """One way to author: every notebook in notebooks/ has a source in notebooks/src/, 00 and 11 included."""
     assert LESSONS == NOTEBOOK_FILES, (LESSONS, NOTEBOOK_FILES)
-    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in range(len(LESSONS))], LESSONS  # numbered from 00, none skipped
+    # numbered from 00, none skipped
+    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in range(len(LESSONS))], LESSONS
 
 
 RANK_STARTERS = re.compile(r"^%%ddp\s.*$|run_cell_magic\(\s*\"ddp\".*$|nbddp\.run\(.*$", re.M)
@@ -64,7 +65,9 @@ def test_every_launch_in_a_lesson_has_a_timeout(name):
     assert not untimed, untimed
 
 
-AT_ONCE = 1  # lessons run at the same time; 2 saved ~60 s but made timing-bound lessons (13: a rank killed on purpose) flaky on 2 cores
+# lessons run at the same time; 2 saved ~60 s but made timing-bound lessons (13: a rank killed on purpose) flaky
+# on 2 cores
+AT_ONCE = 1
 # The lessons whose figures are timings: each runs with a busy loop pinned to one core beside it (the
 # suite's other test files load the machine too), so a figure that only agrees with its text on an
 # idle machine fails here, where its lesson asserts the claim, instead of being committed.
@@ -238,7 +241,8 @@ def test_scrubbing_removes_what_belongs_to_the_machine():
     nb.cells[0].outputs = [nbformat.v4.new_output("display_data", data={"text/html": page, "text/plain": page})]
     shown = executed.scrub(nb).cells[0].outputs[0].data
     # in HTML the placeholders are text, not tags a browser drops with the path's start
-    assert shown["text/html"] == "<code>&lt;venv&gt;/lib/x.py</code> and <code>&lt;tmp&gt;/nbddp-XXXX/launch-1</code>", shown
+    assert shown["text/html"] == ("<code>&lt;venv&gt;/lib/x.py</code> and "
+                                  "<code>&lt;tmp&gt;/nbddp-XXXX/launch-1</code>"), shown
     assert shown["text/plain"] == "<code><venv>/lib/x.py</code> and <code><tmp>/nbddp-XXXX/launch-1</code>", shown
 
 

@@ -310,7 +310,8 @@ def test_a_taken_rendezvous_port_stops_the_slurm_cell_in_one_line(job):
         taken.bind(("", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        reply = kernel.execute(f"%%ddp --launcher slurm -n 1 --master-port {port}\nprint('the cell ran')\n", timeout=120)
+        reply = kernel.execute(f"%%ddp --launcher slurm -n 1 --master-port {port}\nprint('the cell ran')\n",
+                               timeout=120)
     text = raised(reply, "DDPError")
     assert f"the rendezvous port {port} on " in text and "is taken (Address already in use)" in text, text
     assert "the cell ran" not in reply.stdout

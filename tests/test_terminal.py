@@ -117,7 +117,8 @@ def test_text_mode_progress_bar_updates_live_and_ends_as_one_line(kernel):
     # (the widget view's transcript, below, renders them)
     data = final_bundle(messages)
     assert "rank 1: ok" in data["text/plain"] and "/40" not in data["text/plain"], data
-    assert data["text/html"].count("/40") == 2 and data["text/html"].count('class="nbddp-progress"') == 2  # on the chips
+    # on the chips
+    assert data["text/html"].count("/40") == 2 and data["text/html"].count('class="nbddp-progress"') == 2
     assert "from 1" not in data["text/plain"] + data["text/html"], data
 
 

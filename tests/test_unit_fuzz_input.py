@@ -34,10 +34,12 @@ VALUES = [
     "$(id)", "`id`", ";", "\n", "\t", "0,1", ",", "1,,2", "-0", "+5", "  3 ", "[::1]", "::1", "localhost:29500",
     "host:99999", "x.py", "y.sbatch", "auto", "gloo", "nccl", "merge", "apart", "torchrun", "slurm", "local",
     "text", "widgets", "spawn", "dash", "underscore", "--qos=high", "#SBATCH -N 1", "01:00:00", "unlimited",
-    "x@1", "x@99999999999999999999", "True", "None", "9" * 5000, "1e5000", "a,b", "1-2:3", "0.000001", "1e-320", "65536", "29500",
+    "x@1", "x@99999999999999999999", "True", "None", "9" * 5000, "1e5000", "a,b", "1-2:3", "0.000001", "1e-320",
+    "65536", "29500",
 ]
 API_VALUES = [
-    None, True, False, 0, -1, 1, 2, 3, 2 ** 70, -(2 ** 70), 10 ** 400, 10 ** 5000, [10 ** 5000], 1.5, math.nan, math.inf, -math.inf, 1e-320, "", "x",
+    None, True, False, 0, -1, 1, 2, 3, 2 ** 70, -(2 ** 70), 10 ** 400, 10 ** 5000, [10 ** 5000], 1.5, math.nan,
+    math.inf, -math.inf, 1e-320, "", "x",
     "29500", "10", "\x00", "\ud800", "a" * 300, [], [1], ["a"], ["\x00"], (1, 2), (0, 99), {}, {"A": "1"},
     {"A": 1}, {"1": "x"}, {1: 2}, {"A": "\x00"}, {"A": "\udc80"}, [("A", "1")], [("A",)], object(), b"bytes",
     range(2), {1, 2}, "torchrun", "slurm", "local", "gloo", "text", "/etc/passwd", "~/x", "localhost",

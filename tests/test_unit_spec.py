@@ -1,7 +1,7 @@
-"""The argument rules (nbddp/core/launchrules.py, nbddp/core/linecommands.py) and the Python API's refusals, without a kernel or
-any process: every row of the docs' table of bad magic input, checked against the rules
-directly, with the message the docs show; and nbddp.run / nbddp.Pool raising the same
-DDPUsageError (a ValueError, never IPython's UsageError) before anything starts."""
+"""The argument rules (nbddp/core/launchrules.py, nbddp/core/linecommands.py) and the Python API's refusals, without a
+kernel or any process: every row of the docs' table of bad magic input, checked against the rules directly, with the
+message the docs show; and nbddp.run / nbddp.Pool raising the same DDPUsageError (a ValueError, never IPython's
+UsageError) before anything starts."""
 import os
 import re
 import shutil

@@ -558,7 +558,8 @@ def _check(spec: LaunchSpec) -> None:
     if spec.output not in OUTPUTS:
         raise DDPUsageError(f"%%ddp: --output must be one of {', '.join(OUTPUTS)}, got {_shown(spec.output)}")
     if spec.same_lines is not None and spec.same_lines not in SAME_LINES:
-        raise DDPUsageError(f"%%ddp: --same-lines must be one of {', '.join(SAME_LINES)}, got {_shown(spec.same_lines)}")
+        raise DDPUsageError(f"%%ddp: --same-lines must be one of {', '.join(SAME_LINES)}, "
+                            f"got {_shown(spec.same_lines)}")
     if spec.launcher not in LAUNCHERS:
         raise DDPUsageError(f"%%ddp: --launcher must be one of {', '.join(LAUNCHERS)}, got {_shown(spec.launcher)}")
     if spec.master_port is not None and not 1 <= int(spec.master_port) <= 65535:

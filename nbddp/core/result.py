@@ -207,8 +207,8 @@ class DDPError(RuntimeError, NbddpError):
 
     def _render_traceback_(self):
         """IPython shows this instead of a traceback from inside nbddp: each rank's state line
-        whole (searched for, copied), notes and hints wrapped at word boundaries. What a view already showed is not said again: a failed rank's
-        traceback, and a hang's report (where each rank waited, the hint)."""
+        whole (searched for, copied), notes and hints wrapped at word boundaries. What a view already showed is not said
+        again: a failed rank's traceback, and a hang's report (where each rank waited, the hint)."""
         lines = [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self._headline()}"]
         shown_hang = bool(self.result.displayed) and any(is_hang_note(n) for n in self.result.notes)
         # each rank's state and cause on one line, whole (searched for, copied); notes are wrapped

@@ -6,7 +6,8 @@ of ranks (it was ranks x size when each rank got its own copy over a pipe).
 CPU tensors go out of band (pickle protocol 5): their bytes are written straight from the
 tensor's memory after the pickle stream, and a rank copies them out of its map into a storage
 of its own, with no torch.save round trip at either end; views keep sharing their storage.
-A rank reads the file with nbddp/rank/pushed.py. The file is removed when the cell ends, and with the kernel (nbddp/kernel/janitor.py) if it is killed.
+A rank reads the file with nbddp/rank/pushed.py. The file is removed when the cell ends, and with the kernel
+(nbddp/kernel/janitor.py) if it is killed.
 """
 from __future__ import annotations
 

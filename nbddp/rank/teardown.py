@@ -57,7 +57,8 @@ def install() -> bool:
     dist = sys.modules.get("torch.distributed")
     if c10d is None or dist is None:
         return False
-    wrappers = (("destroy_process_group", lambda f: _wrap_destroy(f, c10d)), ("init_process_group", lambda f: _wrap_init(f, c10d)))
+    wrappers = (("destroy_process_group", lambda f: _wrap_destroy(f, c10d)),
+                ("init_process_group", lambda f: _wrap_init(f, c10d)))
     for name, wrap in wrappers:
         original = getattr(c10d, name, None)
         if original is not None and not hasattr(original, _ORIGINAL):

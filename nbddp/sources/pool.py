@@ -327,7 +327,8 @@ class LivePool:
     def run_cell(self, launch: Launch) -> RunResult:
         """One cell, already checked against the pool (nbddp/core/launchrules.py choose_source), on
         ``spec.ranks_shown`` (default all ranks), with ``spec.timeout``, pulling ``spec.pull``'s names."""
-        spec, source, sinks, push, cell_label = launch.spec, launch.source, list(launch.sinks), launch.push, launch.cell_label
+        spec, source, sinks = launch.spec, launch.source, list(launch.sinks)
+        push, cell_label = launch.push, launch.cell_label
         world = self.spec.world_size
         targets = sorted(set(range(world) if spec.ranks_shown is None else spec.ranks_shown))
         pull = [name.split("@")[0] for name in spec.pull]
@@ -358,7 +359,7 @@ class LivePool:
     def _fresh_result(self, log_dir: str) -> RunResult:
         """This cell's RunResult, each rank's handle given its RankResult (its pid kept)."""
         result = launch_result(self.spec, log_dir, master_port=self.master_port)
-        for res, handle in zip(result.ranks, self.ranks, strict=True):
+        for res, handle in zip(result.ranks, self.ranks, strict=False):  # no handles yet while the pool starts
             res.pid = handle.result.pid
             handle.result = res
         return result

@@ -13,8 +13,8 @@ Inside an allocation (``salloc``, or a notebook running in a batch job: ``SLURM_
 the cell is a job step; elsewhere srun asks for a new job. The supervisor (nbddp/sources/supervisor.py)
 decides when to stop, as for every launch; here an interrupt reaches the ranks as
 ``scancel --signal=INT`` of the step, and anything harder also ``scancel``s the step or job and
-waits until Slurm lists it no more, so nothing stays queued or running. The cell, its log folder and the kernel's Python must be
-visible at the same paths on every node (a shared filesystem, as for any Slurm job).
+waits until Slurm lists it no more, so nothing stays queued or running. The cell, its log folder and the kernel's Python
+must be visible at the same paths on every node (a shared filesystem, as for any Slurm job).
 """
 from __future__ import annotations
 

@@ -283,8 +283,9 @@ class TextView(Sink):
                 self._left -= cost
             if capped and keep < len(texts):
                 self._left = 0
-                self._send("stderr", wrapped(f"nbddp: {self._why_held()}: further lines are not shown here (how "
-                                             f"many: at the end); every line is in the logs: {self.log_dir}") + "\n", now)
+                held = wrapped(f"nbddp: {self._why_held()}: further lines are not shown here (how many: at the end); "
+                               f"every line is in the logs: {self.log_dir}")
+                self._send("stderr", held + "\n", now)
         if keep < len(numbered):
             self._holding.add(stream)
             for ranks, _, firsts in numbered[keep:]:

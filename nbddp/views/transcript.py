@@ -29,7 +29,8 @@ SECTION_HEIGHT = "26em"  # a rank's section in the transcript scrolls past this 
 LIVE_LINES = 3           # last lines per rank in the live status's text
 PROGRESS_CHARS = 48      # of a rank's progress line shown on its chip
 CHIP_LIMIT = 8           # more ranks than this: same-state ranks share a chip after a failure
-_CHIP_STYLE = "display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;font:12px monospace;white-space:pre"
+_CHIP_STYLE = ("display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;font:12px monospace;"
+               "white-space:pre")
 # between chips: copied text reads "rank 0: ok … · rank 1: …" (the chips' margins space them on screen)
 CHIP_SEP = '<span class="nbddp-sep" style="font-size:0"> · </span>'
 

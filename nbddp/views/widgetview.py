@@ -374,7 +374,8 @@ class WidgetView(Sink):
         hung = {r: where for r, where in self._hung.items() if result.rank(r) and result.rank(r).ended_at is None}
         banner = ""
         if hung and not self.c.finished:
-            where = "; ".join(f"rank {r} blocked at {w}" if w else f"rank {r}: no stack" for r, w in sorted(hung.items()))
+            where = "; ".join(f"rank {r} blocked at {w}" if w else f"rank {r}: no stack"
+                              for r, w in sorted(hung.items()))
             fg, bg = transcript.STATE_COLORS["hung"]
             banner = (f'<div class="nbddp-hang" style="margin:3px 0;padding:3px 8px;border-radius:3px;'
                       f'line-height:1.4;background:{bg};color:{fg};border:1px solid {fg}">&#9888; no output from any '
