@@ -6,6 +6,7 @@ checked against torch itself rather than trusted.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from nbddp.core import placement
@@ -39,7 +40,7 @@ LAUNCHER_OWNED = {
 HUB_TOKENS = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN")
 
 
-def inherited(base: dict[str, str], spec: LaunchSpec) -> dict[str, str]:
+def inherited(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]:
     """What a launch's processes inherit of ``base``: all of it but the hub's tokens, unless
     ``--env`` gives one explicitly."""
     asked = {key for key, _ in spec.env}

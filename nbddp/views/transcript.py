@@ -16,7 +16,7 @@ from nbddp.core import summary
 from nbddp.core.diagnosis import final_notes
 from nbddp.core.result import KILLED, OK, RUNNING, STARTING, signal_name
 from nbddp.core.samelines import SameLines
-from nbddp.core.states import FINAL_STATES, RankState
+from nbddp.core.states import CAUSING, FINAL_STATES, RankState
 from nbddp.views import terminal
 from nbddp.views.terminal import Terminal
 
@@ -372,7 +372,7 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
 
 def _folded(result) -> bool:
     """Many ranks and a failure: same-state ranks are said once (chips, status lines)."""
-    return len(result.ranks) > CHIP_LIMIT and any(r.state in summary.CAUSING for r in result.ranks)
+    return len(result.ranks) > CHIP_LIMIT and any(r.state in CAUSING for r in result.ranks)
 
 
 def chip_html(rank_result, now: float | None = None, progress: str = "", hung: bool = False) -> str:
@@ -401,7 +401,7 @@ def chips_html(result, now: float | None = None, progress=None, hung=()) -> str:
         return CHIP_SEP.join(chip_html(r, now, progress(r.rank) if progress else "", r.rank in hung)
                              for r in result.ranks)
     out = []
-    for ranks, state, cause in sorted(summary.groups(result.ranks), key=lambda g: g[1] not in summary.CAUSING):
+    for ranks, state, cause in sorted(summary.groups(result.ranks), key=lambda g: g[1] not in CAUSING):
         if len(ranks) == 1:
             out.append(chip_html(result.rank(ranks[0]), now, progress(ranks[0]) if progress else ""))
             continue
@@ -463,7 +463,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
            f'<div>{chips_html(result, progress=collector.progress)}</div>']
     folded = _folded(result)   # then the chips already say the other groups
     for ranks, state, cause in summary.groups(result.ranks):
-        if cause and (not folded or state in summary.CAUSING):
+        if cause and (not folded or state in CAUSING):
             out.append(f'<div class="nbddp-cause" style="color:{ERROR_TEXT}">{html.escape(summary.label(ranks))}: '
                        f'{html.escape(cause)}</div>')
     for note in () if streamed else final_notes(collector.notes):
@@ -471,7 +471,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
     if result.remote:
         out.append(f'<div style="color:{MUTED}">{summary.label(result.remote)}: on other nodes '
                    f'(their output is shown there)</div>')
-    failed = {r.rank for r in result.ranks if r.state in summary.CAUSING}
+    failed = {r.rank for r in result.ranks if r.state in CAUSING}
     for line in _silent_lines(collector):
         out.append(f'<div style="color:{MUTED}">{html.escape(line)}</div>')
     sections = [] if streamed else _same_sections(collector)

@@ -35,7 +35,8 @@ from nbddp.core import summary
 from nbddp.core.diagnosis import IDLE_WARNING
 from nbddp.core.result import OK, RUNNING, STARTING
 from nbddp.core.sink import Sink
-from nbddp.core.summary import CAUSING, label
+from nbddp.core.states import CAUSING
+from nbddp.core.summary import label
 from nbddp.views import transcript
 from nbddp.views.textview import KERNEL_WINDOW, REPORT_WAIT_S
 from nbddp.views.transcript import Collector
