@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
@@ -21,6 +22,9 @@ from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState
 from nbddp.kernel import pulling
 from nbddp.sources import supervisor
+
+if TYPE_CHECKING:
+    from nbddp.pool import Pool  # imported where a pool starts: the extension loads without it
 
 
 @contextlib.contextmanager
@@ -37,8 +41,8 @@ def _shown_as_usage_error():
 class DDPMagics(Magics):
     """``%%ddp [options] [-- script args]``: run the cell as a torchrun-style job."""
 
-    pool = None
-    last_cell = None  # (line, cell) of the last %%ddp cell, for %ddp_export
+    pool: Pool | None = None
+    last_cell: tuple[str, str] | None = None  # (line, cell) of the last %%ddp cell, for %ddp_export
 
     @cell_magic
     def ddp(self, line: str, cell: str):
@@ -154,7 +158,7 @@ def install_interrupt_line(shell) -> None:
             if early is not None:
                 early.remove()
 
-    do_execute._nbddp = True
+    do_execute._nbddp = True  # type: ignore[attr-defined]  # marks nbddp's wrapper (never wrapped twice)
     kernel.pre_handler_hook = pre_handler_hook
     kernel.do_execute = do_execute
 

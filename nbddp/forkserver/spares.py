@@ -124,7 +124,7 @@ def take(n: int) -> list[Plumbing]:
         thread.join(0.05)
         if time.monotonic() - _progress_at > starter.answer_limit():
             break
-    got = []
+    got: list[Plumbing] = []
     with _lock:
         while _stock and len(got) < n:
             spare = _stock.pop(0)

@@ -91,7 +91,7 @@ def _watch_control_comm(shell) -> None:
                 closed_sessions.discard(session)
             return _handler(comm, msg)
 
-        recording._nbddp = True
+        recording._nbddp = True  # type: ignore[attr-defined]  # marks nbddp's handler (never installed twice)
         manager.targets[CONTROL_TARGET] = recording
 
 

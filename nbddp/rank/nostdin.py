@@ -38,4 +38,4 @@ def install() -> None:
             raise NoDebugger(f"breakpoint(): {TORCHRUN_DEBUGGER}")
 
     builtins.input = input
-    pdb.Pdb = NoPdb
+    pdb.Pdb = NoPdb  # type: ignore[misc]  # this rank's pdb module, replaced on purpose

@@ -97,8 +97,8 @@ def main() -> None:
     label = os.environ.pop(LABEL_VAR, "") or None
     cell_path = os.path.abspath(sys.argv[1])
     sys.argv = [cell_path] + ([f"{legacy}={os.environ.get('LOCAL_RANK', '0')}"] if legacy else []) + sys.argv[2:]
-    rank = os.environ.get("RANK", "0")
-    status = {"rank": int(rank), "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+    rank = int(os.environ.get("RANK", "0"))
+    status = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
               "node_rank": int(os.environ.get("GROUP_RANK", "0")), "pid": os.getpid(),
               "host": socket.gethostname(),
               "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
@@ -114,7 +114,7 @@ def main() -> None:
     linecache.cache[cell_path] = (len(source), None, source.splitlines(True), cell_path)
     module = types.ModuleType("__main__")
     module.__file__ = cell_path
-    module.__builtins__ = __builtins__
+    module.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = module
     code = 0
     try:

@@ -17,6 +17,7 @@ nbddp/kernel/logdirs.py's ``private`` (0600, never through a link).
 """
 from __future__ import annotations
 
+import io
 import os
 
 from nbddp.core import settings
@@ -70,7 +71,7 @@ class RankLog:
     def __init__(self, path: str, budget: LogBudget, name: str):
         self.path, self.budget, self.name = path, budget, name
         self.folder = os.path.dirname(path)
-        self.file = None
+        self.file: io.BufferedRandom | None = None
         self.written = 0          # the head: bytes written before any cut
         self.cut = 0              # bytes past a cap, not kept but their last TAIL
         self.why = ""             # the cap that cut it

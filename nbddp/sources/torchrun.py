@@ -54,7 +54,7 @@ class ElasticLaunch(Source):
         self.spec = spec = launch.spec
         self.source_text = launch.source
         self.label = launch.cell_label
-        self.script = None
+        self.script: str | None = None
         self.sinks = list(launch.sinks)
         self.cwd = os.path.abspath(launch.cwd)
         self.base_env = dict(launch.env_base)

@@ -37,9 +37,10 @@ class _Style:
 
     __slots__ = ("fg", "bg", "flags")
 
-    def __init__(self):
-        self.fg = self.bg = None
-        self.flags = frozenset()
+    def __init__(self) -> None:
+        self.fg: str | None = None  # SGR colour codes, None: the default
+        self.bg: str | None = None
+        self.flags: frozenset[int] = frozenset()  # SGR codes on: bold, dim, italic, underline, inverse
 
     def apply(self, params: str) -> None:
         codes = [int(p) if p.isdigit() else 0 for p in params.split(";")] if params else [0]

@@ -14,7 +14,7 @@ from collections import deque
 
 from nbddp.core import summary
 from nbddp.core.diagnosis import final_notes
-from nbddp.core.result import KILLED, OK, RUNNING, STARTING, signal_name
+from nbddp.core.result import KILLED, OK, RUNNING, STARTING, RunResult, signal_name
 from nbddp.core.samelines import SameLines
 from nbddp.core.states import CAUSING, FINAL_STATES, RankState
 from nbddp.views import terminal
@@ -93,8 +93,8 @@ class Collector:
 
     def __init__(self, spec, tail_lines: int = TAIL_LINES, all_lines: int = ALL_LINES):
         self.spec = spec
-        self.result = None
-        self.backend = None
+        self.result: RunResult | None = None
+        self.backend: str | None = None
         self.tails: dict[int, Tail] = {r: Tail(tail_lines) for r in range(spec.world_size) if spec.shown(r)}
         self.all = Tail(all_lines)       # entries: (stream, (rank, text)); rank a tuple: ranks that printed it
         shown = sorted(self.tails)

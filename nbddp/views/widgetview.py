@@ -26,6 +26,7 @@ from __future__ import annotations
 import html
 import itertools
 import time
+from typing import Any
 
 import ipywidgets as W
 from IPython.display import display as ipy_display
@@ -85,7 +86,7 @@ class _Pane:
         self.pending = W.HTML(value="", **shared)
         self.slots: list = []         # [widget, entries] in creation order
         self.rich: list = []          # Output widgets, creation order
-        self.open = None              # the slot new lines go into
+        self.open: list[Any] | None = None  # the slot new lines go into: [widget, entries]
         self.seq = 0                  # the CSS order of the next block
         self.sent = 0                 # the tail's total when lines were last taken
         self.ring = W.VBox([], layout=W.Layout(flex="none", overflow="visible"))
@@ -179,7 +180,8 @@ class WidgetView(Sink):
         self.root = None
         self._widgets = []      # everything to close when the launch ends
         self._hung: dict = {}   # rank -> where it waits, while the idle warning holds
-        self._asking = (None, [], None)  # (rank at the input box, ranks waiting for it, why)
+        # (rank at the input box, ranks waiting for it, why)
+        self._asking: tuple[int | None, list[int], str | None] = (None, [], None)
         self._header_dirty = True
         self._header_at = 0.0
         self.updates_sent = 0   # pane updates sent to the front end (for tests and budgets)
@@ -340,7 +342,7 @@ class WidgetView(Sink):
         """Tab/dropdown labels carry each rank's state; ``focus``: the first rank that failed is shown."""
         labels = []
         for key in self.order:
-            res = self.c.result.rank(key) if key != "all" else None
+            res = self.c.result.rank(key) if isinstance(key, int) else None  # key: a rank, or "all"
             word = res.state if res is not None and res.state not in (OK, RUNNING, STARTING) else ""
             labels.append(self.panes[key].title + (f" · {word}" if word else ""))
         if focus is not None and not getattr(self, "_focused", False):
@@ -403,6 +405,7 @@ class WidgetView(Sink):
 
     def _push_pane(self, pane: _Pane, now: float) -> int:
         key = next(k for k, p in self.panes.items() if p is pane)
+        pending: list[tuple[str, Any]]  # (stream, line); the interleaved pane's lines say their rank
         if key == "all":
             tail, with_rank = self.c.all, True
             pending = [(s, (r, line)) for r in self.c.tails for s, line in self.c.pending(r)]
