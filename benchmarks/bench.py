@@ -26,8 +26,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-import first_cell  # noqa: E402 - benchmarks/first_cell.py: the first cell after %load_ext
-from kernel import Kernel  # noqa: E402
+import first_cell  # noqa: E402 - benchmarks/first_cell.py (the first cell after %load_ext), after the path
+from kernel import Kernel  # noqa: E402 - tests/kernel.py, on the path just above
 
 TRIVIAL = "pass"
 # (d) and (e): what a real training cell does. BODY is the part after the process group exists
@@ -234,7 +234,7 @@ class Bench:
 
     def accelerate(self, n):
         try:
-            import accelerate  # noqa: F401
+            import accelerate  # noqa: F401 - only: is it installed?
         except ImportError:
             self.put("allreduce", n, "accelerate", "not installed")
             return
@@ -282,7 +282,7 @@ class Bench:
 
     def ipyparallel(self, n):
         try:
-            import ipyparallel  # noqa: F401
+            import ipyparallel  # noqa: F401 - only: is it installed?
         except ImportError:
             self.put("trivial", n, "ipyparallel", "not installed")
             return

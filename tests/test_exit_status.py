@@ -2,13 +2,21 @@
 every earlier child: the rank starts in starter.start_all's threads, the spares' refill): one
 read, the same true code for all; multiprocess alone gives some of them 255 (the status pipe
 read empty by the second reader)."""
+import json
+import os
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from multiprocess.connection import wait
 
+import nbddp
 import nbddp.sources.rankprocs  # what the launcher imports
+from nbddp.core.exitstates import exit_status
 from nbddp.forkserver import starter
+from nbddp.rank.torchrun_rank import STATUS_DIR_VAR
 
 pytestmark = pytest.mark.kernel  # see tests/conftest.py
 
@@ -44,13 +52,7 @@ def test_an_exit_code_polled_by_several_threads_at_once_is_the_true_one():
 
 
 # ------------------------------------------------- the exit status a torchrun rank reports
-import json  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
-from nbddp.core.exitstates import exit_status  # noqa: E402
-from nbddp.rank.torchrun_rank import STATUS_DIR_VAR  # noqa: E402
 
 CODES = ["-9", "256", "2**70", "True", "'a message'", "3"]
 
@@ -76,9 +78,7 @@ def test_a_torchrun_rank_reports_the_exit_status_its_process_ends_with(tmp_path)
 
 
 # --------------------------------------------------- the exit grace is not the idle warning (#37.12)
-import time  # noqa: E402
 
-import nbddp  # noqa: E402
 
 CHECKPOINT_AT_EXIT = """
 import atexit, os, time

@@ -6,6 +6,7 @@ import time
 
 from nbddp.views import terminal
 from nbddp.views.terminal import Terminal
+from test_display import WIDGET_MIME, final_bundle, of_type, run_raw, status_htmls, widget_display
 
 
 def test_utf8_stays_whole_across_chunks_and_long_lines_are_bounded():
@@ -72,7 +73,6 @@ def test_long_line_costs_linear_time_and_bounded_memory():
 
 
 # ------------------------------------------------------------------ in a real kernel
-from test_display import WIDGET_MIME, final_bundle, of_type, run_raw, status_htmls, widget_display  # noqa: E402
 
 TQDM = """%%ddp -n 2 --output {mode}
 import os, sys, time
