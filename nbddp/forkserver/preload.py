@@ -195,15 +195,15 @@ def stale() -> list[str]:
         return []
     names = [name for name, mod in list(sys.modules.items())
              if offered.get(name) == "ok"
-             and isinstance(getattr(mod, "__file__", None), str)
-             and os.path.realpath(mod.__file__) in changed]
+             and isinstance(file := getattr(mod, "__file__", None), str)
+             and os.path.realpath(file) in changed]
     return names
 
 
 # ------------------------------------------------------------ forkserver side
 _channel: tuple[int, int] | None = None   # the pipe offers arrive on (forkserver only)
 _busy = False
-_verdicts: dict[str, dict] = {}           # offer token -> verdicts, inherited by the next messenger
+_verdicts: dict[str | None, dict] = {}    # offer token -> verdicts, inherited by the next messenger
 
 
 def serve() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Any
 
 from nbddp.core import settings
 from nbddp.core.frontends import WIDGETS_MAJOR, Evidence, SendClock, front_end_name, ignored, major
@@ -65,7 +66,7 @@ def ipywidgets_version() -> str | None:
 def _comm_managers(shell):
     """The comm managers ipywidgets may have registered its targets with (ipykernel < 6.22 has
     its own; later ones and ipywidgets 8 use the ``comm`` package's)."""
-    found = []
+    found: list[Any] = []
     try:
         import comm
 
