@@ -11,7 +11,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "_ext"))
 sys.path.insert(0, os.path.dirname(HERE))  # nbddp from this checkout
 
-import nbddp  # noqa: E402
+import nbddp  # noqa: E402 - this checkout's, on the path just above
 
 project = "nbddp"
 author = "the nbddp authors"

@@ -1,26 +1,30 @@
 """The IPython side: ``%%ddp``, ``%ddp_pool`` and ``%ddp_export``. Each parses its line
-(nbddp/core/launchrules.py, nbddp/core/linecommands.py), calls the API (nbddp/api.py: ``run``, ``Pool``, nbddp/export.py), stores
-the result as ``_ddp``, moves ``--push``/``--pull`` values, and raises: a rank's failure as
+(nbddp/core/launchrules.py, nbddp/core/linecommands.py), calls the API (nbddp/api.py: ``run``, ``Pool``,
+nbddp/export.py), stores the result as ``_ddp``, moves ``--push``/``--pull`` values, and raises: a rank's failure as
 DDPError, bad input as IPython's UsageError (one line; the only place nbddp raises it)."""
 from __future__ import annotations
 
 import ast
 import contextlib
 import inspect
+from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 
 from nbddp import api
-from nbddp.kernel import allcells, pulling
-from nbddp.sources import supervisor
 from nbddp.core.cellnames import cell_label
 from nbddp.core.errors import DDPUsageError
-from nbddp.core.result import Interrupted
 from nbddp.core.launchrules import parse_line
 from nbddp.core.linecommands import parse_export_line, parse_pool_line
+from nbddp.core.result import Interrupted
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState
+from nbddp.kernel import allcells, pulling
+from nbddp.sources import supervisor
+
+if TYPE_CHECKING:
+    from nbddp.pool import Pool  # imported where a pool starts: the extension loads without it
 
 
 @contextlib.contextmanager
@@ -37,8 +41,8 @@ def _shown_as_usage_error():
 class DDPMagics(Magics):
     """``%%ddp [options] [-- script args]``: run the cell as a torchrun-style job."""
 
-    pool = None
-    last_cell = None  # (line, cell) of the last %%ddp cell, for %ddp_export
+    pool: Pool | None = None
+    last_cell: tuple[str, str] | None = None  # (line, cell) of the last %%ddp cell, for %ddp_export
 
     @cell_magic
     def ddp(self, line: str, cell: str):
@@ -195,7 +199,7 @@ def install_interrupt_line(shell) -> None:
             if early is not None:
                 early.remove()
 
-    do_execute._nbddp = True
+    do_execute._nbddp = True  # type: ignore[attr-defined]  # marks nbddp's wrapper (never wrapped twice)
     kernel.pre_handler_hook = pre_handler_hook
     kernel.do_execute = do_execute
 

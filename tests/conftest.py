@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from support.kernel import Kernel  # noqa: E402
+from support.kernel import Kernel
 
 # Many cells here count each rank's own copy of a line ("next cell ok" twice), so the suite's
 # kernels show identical lines apart; the default, merge, is tested where it is said
@@ -90,6 +90,20 @@ def _seconds_alone(item) -> int:
 # the test's own thread and the ones it starts count: a background thread of an earlier test
 # (nbddp refilling its spares) is not this test's doing.
 STARTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec"}
+# The one exception: a test marked ``starts_tool(NAME)`` may start that tool's own executable, and
+# nothing else (no shell, no other program, no ranks): a quick checker with no in-process API
+# (ruff: tests/unit/test_lint.py). The events that name the executable are matched on its real path.
+
+
+def _ruff() -> str:
+    from ruff.__main__ import find_ruff_bin
+
+    return find_ruff_bin()
+
+
+TOOLS = {"ruff": _ruff}  # name -> its executable (a name not here allows nothing)
+_TOOL_EVENTS = {"subprocess.Popen", "os.posix_spawn"}  # (executable, argv, ...): what is started
+_tools: set[str] = set()  # the real paths the running test may start
 RANK_STARTS = [("nbddp.sources.rankprocs", "RankProcs", "start"),  # fresh ranks and spares
                ("nbddp.forkserver.starter", None, "start"), ("nbddp.forkserver.starter", None, "start_all")]
 _fast_test: list = []  # the nodeid of the unmarked test running now, if one runs
@@ -102,9 +116,16 @@ def _refuse(what: str) -> None:
                            "move it to tests/kernel/")
 
 
-def _audit(event: str, _args) -> None:
-    if event in STARTS:
+def _audit(event: str, args) -> None:
+    if event in STARTS and not (event in _TOOL_EVENTS and _tools and _real_path(args[0]) in _tools):
         _refuse(event)
+
+
+def _real_path(executable) -> str:
+    try:
+        return os.path.realpath(os.fsdecode(executable))
+    except (TypeError, ValueError):
+        return ""
 
 
 sys.addaudithook(_audit)
@@ -134,10 +155,13 @@ def pytest_runtest_protocol(item):
     if fast:
         _outside.update(t.ident for t in threading.enumerate() if t is not threading.main_thread())
         _fast_test[:] = [item.nodeid]
+        allowed = item.get_closest_marker("starts_tool")
+        _tools.update(_real_path(TOOLS[name]()) for name in (allowed.args if allowed else ()) if name in TOOLS)
     try:
         yield
     finally:
         _fast_test.clear()
         _outside.clear()
+        _tools.clear()
         for owner, name, original in saved:
             setattr(owner, name, original)

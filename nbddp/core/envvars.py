@@ -9,7 +9,6 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-
 if TYPE_CHECKING:  # spec.py imports LAUNCHER_OWNED from here
     from nbddp.core.spec import LaunchSpec
 
@@ -39,7 +38,7 @@ LAUNCHER_OWNED = {
 HUB_TOKENS = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN")
 
 
-def inherited(base: dict[str, str], spec: LaunchSpec) -> dict[str, str]:
+def inherited(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]:
     """What a launch's processes inherit of ``base``: all of it but the hub's tokens, unless
     ``--env`` gives one explicitly."""
     asked = {key for key, _ in spec.env}

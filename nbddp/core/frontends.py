@@ -9,6 +9,7 @@ execute_request's metadata (JupyterLab, Notebook 7, VS Code mark it; nbclient an
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 JUPYTERLAB_KEYS = ("deletedCells", "recordTiming")
 VSCODE_CELL_PREFIX = "vscode-notebook-cell:"
@@ -28,7 +29,7 @@ class Evidence:
     opened_control: bool = False  # this session opened ipywidgets' control comm: it has one
     drew_probe: bool = False  # this session's manager drew nbddp's linked probe: it renders ipywidgets 8
     ignored_probe: bool = False  # it had ANSWER_WINDOW_S to draw the probe and did not
-    metadata: dict | None = None  # the execute_request's metadata
+    metadata: dict[str, Any] | None = None  # the execute_request's metadata
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Choice:
     paced: bool = False  # output kept under a notebook server's rate limits (behind_a_server)
 
 
-def front_end_name(metadata: dict | None) -> str:
+def front_end_name(metadata: dict[str, Any] | None) -> str:
     """JupyterLab (Notebook 7 is built on it), VS Code, or "" for a client that names nothing."""
     metadata = metadata or {}
     if str(metadata.get("cellId", "")).startswith(VSCODE_CELL_PREFIX):
@@ -95,7 +96,7 @@ class SendClock:
     smallest (start - sent) seen from a front end is its offset plus a transit; a queued cell (Run
     All) shows a larger one, and its send time comes out as early as it was."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._offset: dict[str, float] = {}
 
     def sent_at(self, session: str, header_time: float | None, started: float) -> float | None:

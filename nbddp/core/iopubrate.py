@@ -28,12 +28,12 @@ class RateWindow:
     ``share`` × the server's rates × the window."""
 
     def __init__(self, data_rate: float = SERVER_DATA_RATE, msg_rate: float = SERVER_MSG_RATE,
-                 window_s: float = SERVER_WINDOW_S, share: float = SHARE):
+                 window_s: float = SERVER_WINDOW_S, share: float = SHARE) -> None:
         self.window_s = window_s
         self.max_bytes = data_rate * window_s * share
         self.max_msgs = msg_rate * window_s * share
-        self._sent: deque = deque()   # (time, bytes, messages)
-        self.bytes = 0
+        self._sent: deque[tuple[float, float, int]] = deque()   # (time, bytes, messages)
+        self.bytes: float = 0
         self.msgs = 0
 
     def _expire(self, now: float) -> None:
@@ -67,7 +67,8 @@ class RateWindow:
         need_m = self.msgs + msgs - self.max_msgs
         if need_b <= 0 and need_m <= 0:
             return 0.0
-        freed_b = freed_m = 0
+        freed_b: float = 0
+        freed_m = 0
         for t, b, m in self._sent:   # oldest first: the moment enough of them has expired
             freed_b += b
             freed_m += m

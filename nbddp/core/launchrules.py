@@ -15,7 +15,9 @@ import os
 import re
 import shlex
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any, NoReturn, TypeGuard, TypeVar
 
 from nbddp.core import capacity
 from nbddp.core.envvars import LAUNCHER_OWNED
@@ -28,14 +30,14 @@ _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class _Parser(argparse.ArgumentParser):
     """argparse that reports problems as DDPUsageError instead of exiting the kernel."""
 
-    def error(self, message):  # noqa: D401 - argparse API
+    def error(self, message: str) -> NoReturn:  # argparse API
         # "argument -n/--world-size/--np: -n must be…" reads better without the alias list
         message = re.sub(r"^argument [^:]+: (?=-|port|not a|[A-Za-z-]+ (must|takes))", "", message)
         if len(message) > 300:  # argparse repeats what it did not recognize: a hostile line can be long
             message = message[:297] + "..."
         raise DDPUsageError(f"%%ddp: {message}")
 
-    def exit(self, status=0, message=None):
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         if message:
             raise DDPUsageError(f"%%ddp: {message.strip()}")
         raise _HelpShown()
@@ -45,8 +47,8 @@ class _HelpShown(Exception):
     """Raised after ``-h`` printed the help text: nothing should run."""
 
 
-def _positive_int(name):
-    def conv(text):
+def _positive_int(name: str) -> Callable[[str], int]:
+    def conv(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
@@ -57,8 +59,8 @@ def _positive_int(name):
     return conv
 
 
-def _nonneg_int(name):
-    def conv(text):
+def _nonneg_int(name: str) -> Callable[[str], int]:
+    def conv(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
@@ -69,7 +71,7 @@ def _nonneg_int(name):
     return conv
 
 
-def _port(text):
+def _port(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -79,8 +81,8 @@ def _port(text):
     return value
 
 
-def _seconds(name):
-    def conv(text):
+def _seconds(name: str) -> Callable[[str], float]:
+    def conv(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
@@ -93,24 +95,24 @@ def _seconds(name):
     return conv
 
 
-def _seconds_or_off(name):
+def _seconds_or_off(name: str) -> Callable[[str], float]:
     """Seconds, or 0 to turn the feature off (stored as None)."""
-    def conv(text):
+    def conv(text: str) -> float:
         if text.strip() in ("0", "0.0", "off", "none"):
             return 0.0
         return _seconds(name)(text)
     return conv
 
 
-def _env_pair(text):
+def _env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not _ENV_KEY.match(key):
         raise argparse.ArgumentTypeError(f"--env takes KEY=VALUE, got {_shown(text)}")
     return key, value
 
 
-def _int_list(name):
-    def conv(text):
+def _int_list(name: str) -> Callable[[str], tuple[int, ...]]:
+    def conv(text: str) -> tuple[int, ...]:
         try:
             values = tuple(int(part) for part in text.split(",") if part.strip() != "")
         except ValueError:
@@ -121,7 +123,7 @@ def _int_list(name):
     return conv
 
 
-def _names(text):
+def _names(text: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     for name in names:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(@\d+)?$", name):
@@ -132,21 +134,21 @@ def _names(text):
 _SLURM_TIME = re.compile(r"^(\d+-\d+(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}|unlimited|infinite)$", re.I)
 
 
-def _slurm_time(text):
+def _slurm_time(text: str) -> str:
     if not _SLURM_TIME.match(text.strip()):
         raise argparse.ArgumentTypeError(f"--time takes Slurm's MINUTES, HH:MM:SS or D-HH:MM:SS, got {_shown(text)}")
     return text.strip()
 
 
-def _slurm_name(flag):
-    def conv(text):
+def _slurm_name(flag: str) -> Callable[[str], str]:
+    def conv(text: str) -> str:
         if not re.match(r"^[\w.,@+-]+$", text):
             raise argparse.ArgumentTypeError(f"{flag} takes a Slurm name, got {_shown(text)}")
         return text
     return conv
 
 
-def _sbatch_line(text):
+def _sbatch_line(text: str) -> str:
     line = re.sub(r"^#SBATCH\s+", "", text.strip())
     if not line.startswith("-") or "\n" in line:
         raise argparse.ArgumentTypeError(f"--sbatch takes one sbatch option such as '--qos=high', got {_shown(text)}")
@@ -271,7 +273,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
 
 def _glue_sbatch(words: list[str]) -> list[str]:
     """``--sbatch --qos=high`` → ``--sbatch=--qos=high`` (argparse would read --qos as an option)."""
-    out = []
+    out: list[str] = []
     for word in words:
         if out and out[-1] == "--sbatch":
             out[-1] = f"--sbatch={word}"
@@ -281,7 +283,7 @@ def _glue_sbatch(words: list[str]) -> list[str]:
 
 
 def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: int = 1,
-              **options) -> LaunchSpec:
+              **options: Any) -> LaunchSpec:
     """Build a LaunchSpec from keyword options (the Python API's entry), checking them all."""
     nnodes = 1 if nnodes is None else nnodes
     for name, value in (("-n", n), ("--nproc-per-node", nproc_per_node), ("--nnodes", nnodes)):
@@ -296,7 +298,7 @@ def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: i
         raise DDPUsageError(f"%%ddp: -n {n} disagrees with --nproc-per-node {nproc_per_node} x "
                          f"--nnodes {nnodes} = {nproc_per_node * nnodes}")
     env = _env_pairs(options.pop("env", None))
-    for key, value in env:
+    for key, _value in env:
         if not _ENV_KEY.match(str(key)):
             raise DDPUsageError(f"%%ddp: --env key {_shown(key)} is not a valid variable name")
     spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes,
@@ -318,7 +320,7 @@ def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: i
     return _expanded(spec)
 
 
-def _env_pairs(env) -> tuple:
+def _env_pairs(env: object) -> tuple[tuple[Any, ...], ...]:
     """``env=`` as (key, value) pairs: a dict, or pairs (the parser's)."""
     if env is None:
         return ()
@@ -342,7 +344,7 @@ def _expanded(spec: LaunchSpec) -> LaunchSpec:
 _FIELDS = frozenset(LaunchSpec.__dataclass_fields__) - {"nproc_per_node", "nnodes", "env"}
 
 
-def given_or_made(spec: LaunchSpec | None, n: int | None = None, options: dict | None = None,
+def given_or_made(spec: LaunchSpec | None, n: int | None = None, options: dict[str, Any] | None = None,
                   shape: LaunchSpec | None = None) -> LaunchSpec:
     """The Python API's spec: the one the caller gave (checked again: a LaunchSpec can be built by
     hand), or one made from keyword options; both at once is refused. ``shape`` (a running pool's
@@ -364,15 +366,15 @@ def given_or_made(spec: LaunchSpec | None, n: int | None = None, options: dict |
 
 
 # ------------------------------------------------------------- each option's type
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_seconds(value) -> bool:
+def _is_seconds(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     """A value in a message: its repr, cut (a hostile value can be a megabyte, and an int of
     more than 4300 digits has no repr at all)."""
     if _is_int(value) and _huge(value):
@@ -398,11 +400,11 @@ def _flag(name: str) -> str:
     return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
-def _ints(value) -> bool:
+def _ints(value: object) -> bool:
     return isinstance(value, tuple) and all(_is_int(v) for v in value)
 
 
-def _texts(value) -> bool:
+def _texts(value: object) -> bool:
     return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
 
 
@@ -410,7 +412,8 @@ _INT, _OPT_INT = (_is_int, "a whole number"), (lambda v: v is None or _is_int(v)
 _STR, _OPT_STR = (lambda v: isinstance(v, str), "text"), (lambda v: v is None or isinstance(v, str), "text")
 _OPT_SECONDS = (lambda v: v is None or _is_seconds(v), "a number of seconds")
 _BOOL = (lambda v: isinstance(v, bool), "True or False")
-_TYPES = {  # what each LaunchSpec field takes, as the Python API may be given anything
+# what each LaunchSpec field takes, as the Python API may be given anything
+_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "nproc_per_node": _INT, "nnodes": _INT, "node_rank": _OPT_INT, "master_addr": _STR,
     "master_port": (lambda v: v is None or _is_int(v), "a port number (an int)"), "backend": _STR,
     "timeout": _OPT_SECONDS, "idle_warning": _OPT_SECONDS,
@@ -477,7 +480,7 @@ def _check_types(spec: LaunchSpec) -> None:
         raise DDPUsageError(f"%%ddp: --legacy-launch must be dash or underscore, got {_shown(spec.legacy_launch)}")
 
 
-def _ints_in(value):
+def _ints_in(value: object) -> Iterator[int]:
     if _is_int(value):
         yield value
     elif isinstance(value, tuple):
@@ -485,7 +488,7 @@ def _ints_in(value):
             yield from _ints_in(item)
 
 
-def _strings(value):
+def _strings(value: object) -> Iterator[str]:
     if isinstance(value, str):
         yield value
     elif isinstance(value, tuple):
@@ -493,7 +496,10 @@ def _strings(value):
             yield from _strings(item)
 
 
-def _as_usage(conv, text):
+_T = TypeVar("_T")
+
+
+def _as_usage(conv: Callable[[str], _T], text: str) -> _T:
     """One of the parser's converters, for a value the Python API was given."""
     try:
         return conv(text)
@@ -558,7 +564,8 @@ def _check(spec: LaunchSpec) -> None:
     if spec.output not in OUTPUTS:
         raise DDPUsageError(f"%%ddp: --output must be one of {', '.join(OUTPUTS)}, got {_shown(spec.output)}")
     if spec.same_lines is not None and spec.same_lines not in SAME_LINES:
-        raise DDPUsageError(f"%%ddp: --same-lines must be one of {', '.join(SAME_LINES)}, got {_shown(spec.same_lines)}")
+        raise DDPUsageError(f"%%ddp: --same-lines must be one of {', '.join(SAME_LINES)}, "
+                            f"got {_shown(spec.same_lines)}")
     if spec.launcher not in LAUNCHERS:
         raise DDPUsageError(f"%%ddp: --launcher must be one of {', '.join(LAUNCHERS)}, got {_shown(spec.launcher)}")
     if spec.master_port is not None and not 1 <= int(spec.master_port) <= 65535:
@@ -590,9 +597,11 @@ def _check(spec: LaunchSpec) -> None:
             if value is not None:
                 raise DDPUsageError(f"%%ddp: {name} is for a real multi-node job: use it with --launcher torchrun")
     if spec.launcher != "slurm" and not spec.slurm:
-        for name, value in (("--partition", spec.partition), ("--account", spec.account),
-                            ("--time", spec.time_limit), ("--sbatch", spec.sbatch or None)):
-            if value is not None:
+        slurm_options: tuple[tuple[str, object], ...] = (
+            ("--partition", spec.partition), ("--account", spec.account), ("--time", spec.time_limit),
+            ("--sbatch", spec.sbatch or None))
+        for name, given in slurm_options:
+            if given is not None:
                 raise DDPUsageError(f"%%ddp: {name} is a Slurm option: use it with --launcher slurm, "
                                  "or with --export SCRIPT.py --slurm")
     if spec.launcher == "slurm" and spec.sbatch and not spec.slurm:

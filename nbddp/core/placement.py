@@ -8,9 +8,14 @@ cluster schedulers do, so ``cuda:LOCAL_RANK`` is the LOCAL_RANK-th chosen device
 torchrun code keeps working."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nbddp.core.errors import DDPUsageError
+
+if TYPE_CHECKING:
+    from nbddp.core.spec import LaunchSpec
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ class Placement:
         return f"cuda:{local_rank % len(self.devices)}"
 
 
-def _visible(base_env: dict | None, device_count: int) -> list[str]:
+def _visible(base_env: Mapping[str, str] | None, device_count: int) -> list[str]:
     """The device names torch numbers 0..count-1 here (respecting an existing CUDA_VISIBLE_DEVICES)."""
     current = (base_env or {}).get("CUDA_VISIBLE_DEVICES")
     if current is not None and current.strip() != "":
@@ -39,7 +44,7 @@ def _visible(base_env: dict | None, device_count: int) -> list[str]:
     return [str(i) for i in range(device_count)]
 
 
-def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
+def plan(spec: LaunchSpec, device_count: int, base_env: Mapping[str, str] | None = None) -> Placement:
     """The placement for ``spec`` on a machine with ``device_count`` CUDA devices.
     Raises DDPUsageError (one line) for a choice that cannot work."""
     gpus = getattr(spec, "gpus", None)
@@ -81,5 +86,5 @@ def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
     return Placement(devices=devices, physical=physical, backend=backend, env=env, note=note)
 
 
-def _join(values) -> str:
+def _join(values: Iterable[int]) -> str:
     return ",".join(str(v) for v in values)

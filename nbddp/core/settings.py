@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -65,7 +66,7 @@ INTERNAL_MEANING = ("internal (hence the leading `_`): what `--launcher torchrun
                     "cell, the `--legacy-launch` flag, the copy of the cell to run); not for you to set")
 
 
-def read(setting: Setting, environ=None) -> str | float | bool:
+def read(setting: Setting, environ: Mapping[str, str] | None = None) -> str | float | bool:
     """``setting``'s value in ``environ`` (the process's environment by default): a word of its
     choices (else its default), a switch's truth, a whole ("count") or any finite number, at
     least 0 (else its default)."""

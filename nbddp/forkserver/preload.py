@@ -175,15 +175,15 @@ def stale() -> list[str]:
         return []
     names = [name for name, mod in list(sys.modules.items())
              if offered.get(name) == "ok"
-             and isinstance(getattr(mod, "__file__", None), str)
-             and os.path.realpath(mod.__file__) in changed]
+             and isinstance(file := getattr(mod, "__file__", None), str)
+             and os.path.realpath(file) in changed]
     return names
 
 
 # ------------------------------------------------------------ forkserver side
 _channel: tuple[int, int] | None = None   # the pipe offers arrive on (forkserver only)
 _busy = False
-_verdicts: dict[str, dict] = {}           # offer token -> verdicts, inherited by the next messenger
+_verdicts: dict[str | None, dict] = {}    # offer token -> verdicts, inherited by the next messenger
 
 
 def serve() -> None:
@@ -250,7 +250,7 @@ def _take(offer: dict) -> None:
             if probed.get(name) == "ok":
                 try:
                     __import__(name)
-                except BaseException as exc:  # noqa: BLE001 - the forkserver must go on
+                except BaseException as exc:  # the forkserver must go on
                     verdicts[name] = f"failed here: {type(exc).__name__}"
     _verdicts = {offer.get("token"): verdicts}
 
@@ -286,7 +286,7 @@ def _probe(names: list[str]) -> dict[str, str]:
                 threads, cuda = _threads(), _touched_cuda()
                 try:
                     __import__(name)
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     verdicts[name] = f"import failed: {type(exc).__name__}: {str(exc)[:100]}"
                     continue
                 why = ("started a thread" if _threads() > threads else

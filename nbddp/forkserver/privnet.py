@@ -216,7 +216,8 @@ PROBE_S = 20.0
 def _probe() -> str:
     code = (f"import sys; sys.path[:] = {[p or os.getcwd() for p in sys.path]!r}; "
             f"from nbddp.forkserver import privnet; privnet.probe_main()")
-    command = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code]
+    # the interpreter's own -X/-W/-O flags for a child, as multiprocessing passes them (private: no stub)
+    command = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code]  # type: ignore[attr-defined]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_S,
                               stdin=subprocess.DEVNULL)
@@ -231,6 +232,6 @@ def probe_main() -> None:
     """The probe's body: can this process, started as the forkserver is, enter one?"""
     try:
         enter()
-    except Exception as exc:  # noqa: BLE001 - the one line the kernel shows
+    except Exception as exc:  # the one line the kernel shows
         sys.exit(str(getattr(exc, "strerror", None) or exc))
     sys.exit(0)

@@ -15,16 +15,13 @@ import time
 
 from multiprocess.connection import Connection
 
-from nbddp.core import job as rankjob
-from nbddp.core import messages as msg
-from nbddp.forkserver import preload
-from nbddp.forkserver import starter
-from nbddp.core import settings
+from nbddp.core import job as rankjob, messages as msg, settings
+from nbddp.forkserver import preload, starter
 from nbddp.kernel import forkguard
 from nbddp.rank import worker
 
 _lock = threading.Lock()
-_stock: list["Plumbing"] = []
+_stock: list[Plumbing] = []
 _worker: threading.Thread | None = None  # the refill running now, if any
 _progress_at = 0.0  # when that refill last got on (started, began forking, forked, heard a spare ready)
 
@@ -57,7 +54,7 @@ class Plumbing:
         forkguard.hold(self.out_r, self.err_r, self.life_w, self.ctl.fileno(), self.job_w.fileno())
         self._child_ends = [Connection(out_w, readable=False), Connection(err_w, readable=False),
                             Connection(life_r, writable=False), ctl_w, job_r]
-        pipes = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends))
+        pipes = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends, strict=True))
         pipes["spare"] = spare  # a spare says msg.READY on ctl once it waits for its job
         self.process = ctx.Process(target=worker.entry, args=(pipes,), name="nbddp-rank")
 
@@ -119,7 +116,7 @@ def take(n: int) -> list[Plumbing]:
         thread.join(0.05)
         if time.monotonic() - _progress_at > starter.answer_limit():
             break
-    got = []
+    got: list[Plumbing] = []
     with _lock:
         while _stock and len(got) < n:
             spare = _stock.pop(0)

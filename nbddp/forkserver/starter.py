@@ -21,11 +21,12 @@ import multiprocess
 from multiprocess import forkserver, spawn, util
 
 from nbddp.core.errors import NbddpError
-from nbddp.kernel import forkguard
-from nbddp.kernel import janitor
 from nbddp.forkserver import privnet
-from nbddp.forkserver.preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/forkserver/preload.py
-from nbddp.forkserver.preload import PROBE_TIMEOUT_S
+from nbddp.forkserver.preload import (
+    NAMES as PRELOAD,  # the list and the reason for each entry: nbddp/forkserver/preload.py
+    PROBE_TIMEOUT_S,
+)
+from nbddp.kernel import forkguard, janitor
 from nbddp.rank import worker
 
 _lock = threading.Lock()
@@ -176,9 +177,9 @@ def ensure_forkserver() -> str | None:
         return None
     _children.pop(known, None)
     if before != after:
-        return ("the forkserver had ended (pid %d); started a new one, so this cell waits for "
-                "torch to be imported again" % known)
-    return "the forkserver had ended (pid %d); a new one was started in the background" % known
+        return (f"the forkserver had ended (pid {known}); started a new one, so this cell waits for "
+                "torch to be imported again")
+    return f"the forkserver had ended (pid {known}); a new one was started in the background"
 
 
 _starting = threading.local()
@@ -334,7 +335,7 @@ def _start_each(processes, limit):
     def one(process):
         try:
             start(process)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
 
     threads = [threading.Thread(target=one, args=(p,), name="nbddp-start", daemon=True) for p in processes]

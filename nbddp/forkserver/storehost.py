@@ -17,8 +17,7 @@ import multiprocess.forkserver
 
 from nbddp.core import settings
 from nbddp.core.errors import DDPUsageError
-from nbddp.forkserver import privnet
-from nbddp.forkserver import starter
+from nbddp.forkserver import privnet, starter
 from nbddp.forkserver.tcpstore import host_store
 from nbddp.kernel import forkguard
 from nbddp.rank import netrecord
@@ -33,7 +32,7 @@ _host: dict = {}  # "conn", "process", "net" of the running host, once started
 def serve(conn) -> None:
     """The host's loop (in a process forked by the forkserver): until the kernel goes away."""
     set_name(b"nbddp-stores")
-    stores = {}
+    stores: dict[int, object] = {}  # port -> its TCPStore, held until the kernel goes
     if netrecord.is_private():
         privnet.answer_names()
     conn.send(("ready", privnet.network_id(), netrecord.failure()))

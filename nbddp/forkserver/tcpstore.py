@@ -59,7 +59,7 @@ def loopback_addresses(master_addr: str, port: int) -> list:
         found = socket.getaddrinfo(master_addr, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
     except socket.gaierror:
         return []
-    return found if all(_is_loopback(info[4][0]) for info in found) else []
+    return found if all(isinstance(info[4][0], str) and _is_loopback(info[4][0]) for info in found) else []
 
 
 def _is_loopback(address: str) -> bool:
@@ -80,7 +80,7 @@ def reaches_over_ipv4(master_addr: str) -> bool:
                                    socket.AI_V4MAPPED | socket.AI_ALL)
     except (OSError, AttributeError):  # AttributeError: no AI_V4MAPPED on this platform
         return False
-    return bool(found) and found[0][4][0].startswith("::ffff:")
+    return bool(found) and str(found[0][4][0]).startswith("::ffff:")
 
 
 def _ipv4_listener(master_addr: str, port: int) -> socket.socket | None:

@@ -69,5 +69,5 @@ def _in_child() -> None:
     for reset in resets:
         try:
             reset()
-        except Exception:  # noqa: BLE001 - a fork must never fail here
+        except Exception:  # a fork must never fail here
             pass

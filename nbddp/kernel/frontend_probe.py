@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Any
 
 from nbddp.core import settings
 from nbddp.core.frontends import WIDGETS_MAJOR, Evidence, SendClock, front_end_name, ignored, major
@@ -51,7 +52,7 @@ def ipywidgets_version() -> str | None:
 def _comm_managers(shell):
     """The comm managers ipywidgets may have registered its targets with (ipykernel < 6.22 has
     its own; later ones and ipywidgets 8 use the ``comm`` package's)."""
-    found = []
+    found: list[Any] = []
     try:
         import comm
 
@@ -77,7 +78,7 @@ def _watch_control_comm(shell) -> None:
                 closed_sessions.discard(session)
             return _handler(comm, msg)
 
-        recording._nbddp = True
+        recording._nbddp = True  # type: ignore[attr-defined]  # marks nbddp's handler (never installed twice)
         manager.targets[CONTROL_TARGET] = recording
 
 

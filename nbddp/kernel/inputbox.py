@@ -20,7 +20,7 @@ class InputBox:
         self.waiting: str | None = None  # the msg_id of the input_request shown now
 
     @classmethod
-    def for_this_cell(cls) -> "InputBox | None":
+    def for_this_cell(cls) -> InputBox | None:
         """The running cell's front end, if it can answer input requests; else None (also for a
         launch from another thread: the cell's request, and the stop button, are the main thread's)."""
         if threading.current_thread() is not threading.main_thread():

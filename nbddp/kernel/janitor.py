@@ -166,7 +166,8 @@ def remove(path: str) -> None:
 def holders(entries, inodes) -> tuple[set[int], set[int]]:
     """``entries``: (pid, pipe inode, writable) for every open pipe end seen. The pids that
     hold a write end of one of ``inodes``, and those that hold only read ends of them."""
-    writers, readers = set(), set()
+    writers: set[int] = set()
+    readers: set[int] = set()
     for pid, inode, writable in entries:
         if inode in inodes:
             (writers if writable else readers).add(pid)

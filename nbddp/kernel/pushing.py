@@ -18,8 +18,8 @@ import tempfile
 import uuid
 
 from nbddp.kernel.janitor import remove_at_exit
-from nbddp.rank.pushed import rebuild_storage, rebuild_tensor  # what a rank rebuilds tensors with (by name)
 from nbddp.kernel.logdirs import private
+from nbddp.rank.pushed import rebuild_storage, rebuild_tensor  # what a rank rebuilds tensors with (by name)
 
 _folder: str | None = None
 
@@ -32,7 +32,7 @@ def pack(values: dict | None) -> dict | None:
 
     path = os.path.join(_shared_folder(), f"push-{uuid.uuid4().hex}.dill")
     try:
-        stream, buffers = io.BytesIO(), []
+        stream, buffers = io.BytesIO(), list[pickle.PickleBuffer]()
         pickler = dill.Pickler(stream, protocol=5, recurse=True, buffer_callback=buffers.append)
         _send_tensors_out_of_band(pickler)
         pickler.dump(dict(values))
@@ -55,7 +55,7 @@ def _send_tensors_out_of_band(pickler) -> None:
     torch = sys.modules.get("torch")
     if torch is None:
         return
-    blobs = {}  # one blob per storage, so views of it share it again in the rank
+    blobs: dict[int, _Blob] = {}  # one blob per storage, so views of it share it again in the rank
 
     def reduce_tensor(t):
         if not _plain_cpu_tensor(torch, t):

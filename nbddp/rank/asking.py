@@ -14,6 +14,7 @@ import itertools
 import pdb
 import sys
 import threading
+from typing import Any, NoReturn
 
 from nbddp.core import messages as msg
 from nbddp.rank.nostdin import MESSAGE, NoDebugger, NoStdin
@@ -26,7 +27,7 @@ class _NotFirst(Exception):
     """--pdb: another rank failed first and is (or was) in the debugger."""
 
 
-_STATE = {"ctl": None, "rank": 0, "debugging": 0, "post_mortem": False}
+_STATE: dict[str, Any] = {"ctl": None, "rank": 0, "debugging": 0, "post_mortem": False}
 _lock = threading.Lock()
 _ids = itertools.count(1)
 
@@ -36,7 +37,8 @@ def install(ctl, rank: int) -> None:
     _STATE.update(ctl=ctl, rank=rank)
     builtins.input = ask_input
     sys.stdin = NotebookStdin()
-    pdb.Pdb = RankPdb  # pdb.set_trace(), pdb.post_mortem() and breakpoint() make one
+    # pdb.set_trace(), pdb.post_mortem() and breakpoint() make one (this rank's pdb module, replaced on purpose)
+    pdb.Pdb = RankPdb  # type: ignore[misc]
 
 
 def ask(prompt: str) -> str:
@@ -68,13 +70,13 @@ def _take_turn() -> None:
         _refused(reply)
 
 
-def _refused(reply):
+def _refused(reply: tuple[Any, ...]) -> NoReturn:
     if reply[2] == msg.NOT_FIRST:
         raise _NotFirst()
     raise NoDebugger(f"breakpoint(): {NO_DEBUGGER}")
 
 
-def _request(prompt: str | None, purpose: str):
+def _request(prompt: str | None, purpose: str) -> tuple[Any, ...]:
     """Send msg.ASK (``prompt`` None: only the turn) and wait for its answer."""
     for stream in (sys.stdout, sys.stderr):  # what came before the prompt is shown before it
         try:
@@ -104,7 +106,8 @@ class NotebookStdin(io.TextIOBase):
     def readable(self) -> bool:
         return True
 
-    def readline(self, size=-1) -> str:
+    # typeshed types io.TextIOBase.readline as str, but checks it against IOBase's bytes too
+    def readline(self, size: int = -1) -> str:  # type: ignore[override]
         try:
             return ask("") + "\n"
         except EOFError:

@@ -29,7 +29,7 @@ def install() -> None:
     """input() and the debugger fail at once, naming the cause (a torchrun rank)."""
     import pdb
 
-    def input(prompt=""):  # noqa: A001 - replaces the builtin inside this rank only
+    def input(prompt=""):  # replaces the builtin inside this rank only
         shown = f"input({str(prompt)!r}): " if prompt else "input(): "
         raise NoStdin(shown + MESSAGE)
 
@@ -38,4 +38,4 @@ def install() -> None:
             raise NoDebugger(f"breakpoint(): {TORCHRUN_DEBUGGER}")
 
     builtins.input = input
-    pdb.Pdb = NoPdb
+    pdb.Pdb = NoPdb  # type: ignore[misc]  # this rank's pdb module, replaced on purpose

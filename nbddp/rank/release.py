@@ -111,4 +111,4 @@ def _own_addresses() -> set[str]:
         infos = socket.getaddrinfo(socket.gethostname(), None)
     except OSError:
         return set()
-    return {info[4][0] for info in infos}
+    return {str(info[4][0]) for info in infos}

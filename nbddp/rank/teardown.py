@@ -22,7 +22,8 @@ def install() -> bool:
     dist = sys.modules.get("torch.distributed")
     if c10d is None or dist is None:
         return False
-    wrappers = (("destroy_process_group", lambda f: _wrap_destroy(f, c10d)), ("init_process_group", lambda f: _wrap_init(f, c10d)))
+    wrappers = (("destroy_process_group", lambda f: _wrap_destroy(f, c10d)),
+                ("init_process_group", lambda f: _wrap_init(f, c10d)))
     for name, wrap in wrappers:
         original = getattr(c10d, name, None)
         if original is not None and not hasattr(original, _ORIGINAL):
@@ -44,7 +45,7 @@ def _wrap_init(original, c10d):
             world = group.size()
             gloo = c10d.get_backend(group) == "gloo"
             store = c10d._get_default_store() if gloo and world > 1 else None
-        except Exception:  # noqa: BLE001 - another torch's internals: no barrier, torch as it is
+        except Exception:  # another torch's internals: no barrier, torch as it is
             store = None
         if store is not None:
             _all_initialised(store, f"nbddp/init/{inits[0]}", world, kwargs.get("timeout"))
@@ -87,14 +88,14 @@ def _groups_destroyed(c10d, group) -> list:
         if group is None or group is c10d.GroupMember.WORLD:
             return list(world)
         return [group]
-    except Exception:  # noqa: BLE001 - another torch's internals: keep nothing, torch as it is
+    except Exception:  # another torch's internals: keep nothing, torch as it is
         return []
 
 
 def _group_count(c10d):
     try:
         return c10d._world.group_count
-    except Exception:  # noqa: BLE001 - another torch's internals: names as torch gives them
+    except Exception:  # another torch's internals: names as torch gives them
         return None
 
 

@@ -116,7 +116,7 @@ def _wrapped(scheme: str, handler):
         yield first
         yield from rendezvous
 
-    rendezvous_handler._nbddp = True
+    rendezvous_handler._nbddp = True  # type: ignore[attr-defined]  # marks nbddp's wrapper (never wrapped twice)
     return rendezvous_handler
 
 
@@ -132,6 +132,7 @@ def _plan(scheme: str, url: str):
                               f"this %%ddp launch has {launched} ranks")
     if scheme == "file":
         return True, None
+    port: str | int | None
     if scheme == "env":
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     else:
@@ -218,7 +219,7 @@ def _spawnv_with_hook(spawnv):
                 args[at] = _child_prefix() + args[at]
         return spawnv(path, args, passfds)
 
-    spawnv_passfds._nbddp = True
+    spawnv_passfds._nbddp = True  # type: ignore[attr-defined]  # marks nbddp's wrapper (never wrapped twice)
     return spawnv_passfds
 
 

@@ -16,21 +16,13 @@ import threading
 import time
 import traceback
 import types
+from typing import Any
 
-from nbddp.rank import asking
-from nbddp.rank import pushed
-from nbddp.rank import stackwatch
-from nbddp.rank import teardown
-from nbddp.rank import netrecord
-from nbddp.rank import release
-from nbddp.rank import user_rendezvous
-from nbddp.rank.procname import set_name
-from nbddp.core import exitstates
-from nbddp.core import settings
-from nbddp.core import job as rankjob
-from nbddp.core import messages as msg
+from nbddp.core import exitstates, job as rankjob, messages as msg, settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.job import Cell, RankJob
+from nbddp.rank import asking, netrecord, pushed, release, stackwatch, teardown, user_rendezvous
+from nbddp.rank.procname import set_name
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
@@ -105,8 +97,9 @@ def _become_script(job: RankJob, pipes: dict) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     asking.install(pipes["ctl"], job.rank)  # input() and pdb ask the notebook (nbddp/rank/asking.py)
-    sys.stdout = sys.__stdout__ = _line_stream(1)
-    sys.stderr = sys.__stderr__ = _line_stream(2)
+    # the rank's own streams, also as the originals (typeshed declares those Final: they are, but for us)
+    sys.stdout = sys.__stdout__ = _line_stream(1)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = _line_stream(2)  # type: ignore[misc]
     _watch_lifeline(pipes["lifeline"])
     faulthandler.enable(file=sys.stderr, all_threads=True)
     _KEPT.append(stackwatch.serve(job.stack_path))  # stacks on request, no signal
@@ -156,7 +149,7 @@ def predictable_torch_cache() -> str:
                                         "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)))
 
 
-_INTERRUPT = {"armed": False, "ack": ""}
+_INTERRUPT: dict[str, Any] = {"armed": False, "ack": ""}  # armed while a cell runs; the file to touch
 
 
 def _on_sigint(signum, frame):
@@ -275,7 +268,7 @@ def _run(job: RankJob, ctl) -> int:
 def _new_main(cell_path: str) -> types.ModuleType:
     main = types.ModuleType("__main__")
     main.__file__ = cell_path
-    main.__builtins__ = __builtins__
+    main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
     return main
 

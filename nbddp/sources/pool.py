@@ -10,26 +10,25 @@ import os
 import signal
 import time
 from dataclasses import replace
+from typing import TypeVar
 
-from nbddp.core import diagnosis
-from nbddp.kernel import logdirs
-from nbddp.core import placement
-from nbddp.forkserver import storehost
-from nbddp.kernel.cellfiles import cell_files
-from nbddp.sources import stacks, supervisor
-from nbddp.core import messages as msg
+from nbddp.core import diagnosis, messages as msg, placement
 from nbddp.core.cellnames import log_label
+from nbddp.core.exitstates import ended_by_nbddp, ended_by_the_stop, settle
 from nbddp.core.job import Cell
 from nbddp.core.launch import Launch
 from nbddp.core.rankfiles import RankFiles
-from nbddp.sources.rankjobs import rank_jobs
-from nbddp.sources.rankprocs import Rank, RankProcs
-from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RunResult, launch_result
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState, StopReason
 from nbddp.core.summary import label
-from nbddp.core.exitstates import ended_by_nbddp, ended_by_the_stop, settle
+from nbddp.forkserver import storehost
+from nbddp.kernel import logdirs
+from nbddp.kernel.cellfiles import cell_files
+from nbddp.sources import stacks, supervisor
+from nbddp.sources.rankjobs import rank_jobs
+from nbddp.sources.rankprocs import Rank, RankProcs
+from nbddp.sources.rendezvous import host_for
 from nbddp.sources.supervisor import Source, Supervisor
 
 FAILED_PEER_GRACE_S = 3.0  # a rank raised: how long the others may finish before being interrupted
@@ -44,7 +43,7 @@ class PoolRanks(Source):
     FIRST_SIGNAL = dict.fromkeys(StopReason, signal.SIGINT)
     persistent = True
 
-    def __init__(self, pool: "LivePool"):
+    def __init__(self, pool: LivePool):
         self.pool = pool
         self.procs = RankProcs(on_exit=self._on_exit, on_message=self._on_message, emit=self.emit)
         self.pending: set[int] = set()
@@ -230,6 +229,9 @@ class PoolRanks(Source):
                 self.procs.reap(rank, wait=5.0)
 
 
+_Pool = TypeVar("_Pool", bound="LivePool")  # start() and restart() return the pool they are called on
+
+
 class LivePool:
     """The pool's ranks between cells and all of its state (IDLE, BUSY, BROKEN and why, STOPPED),
     written here only: PoolRanks reports what its ranks did through ``rank_ended``,
@@ -279,7 +281,7 @@ class LivePool:
         return self.source.procs.ranks
 
     # --------------------------------------------------------------- lifecycle
-    def start(self) -> "Pool":
+    def start(self: _Pool) -> _Pool:
         if self.state in (IDLE, BUSY):
             return self
         interrupts = []
@@ -309,7 +311,7 @@ class LivePool:
         first = Cell(source="", path=files.cell_copy)  # each cell comes as msg.EXEC with its own
         jobs = rank_jobs(spec, files, first, master_port=port, cwd=self.cwd, base_env=self.base_env,
                          plan=plan, pool=True)
-        ranks = [Rank(res, job.stack_path, job.sigint_path) for res, job in zip(source.result.ranks, jobs)]
+        ranks = [Rank(res, job.stack_path, job.sigint_path) for res, job in zip(source.result.ranks, jobs, strict=True)]
         restarted = source.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=False)
         if restarted:
             print(f"nbddp: {restarted}")
@@ -336,7 +338,7 @@ class LivePool:
             self.store = None
             logdirs.release(getattr(self, "log_root", None))  # its logs now age like any launch's
 
-    def restart(self) -> "Pool":
+    def restart(self: _Pool) -> _Pool:
         self.stop()
         return self.start()
 
@@ -367,7 +369,8 @@ class LivePool:
     def run_cell(self, launch: Launch) -> RunResult:
         """One cell, already checked against the pool (nbddp/core/launchrules.py choose_source), on
         ``spec.ranks_shown`` (default all ranks), with ``spec.timeout``, pulling ``spec.pull``'s names."""
-        spec, source, sinks, push, cell_label = launch.spec, launch.source, list(launch.sinks), launch.push, launch.cell_label
+        spec, source, sinks = launch.spec, launch.source, list(launch.sinks)
+        push, cell_label = launch.push, launch.cell_label
         world = self.spec.world_size
         targets = sorted(set(range(world) if spec.ranks_shown is None else spec.ranks_shown))
         pull = [name.split("@")[0] for name in spec.pull]
@@ -398,7 +401,7 @@ class LivePool:
     def _fresh_result(self, log_dir: str) -> RunResult:
         """This cell's RunResult, each rank's handle given its RankResult (its pid kept)."""
         result = launch_result(self.spec, log_dir, master_port=self.master_port)
-        for res, handle in zip(result.ranks, self.ranks):
+        for res, handle in zip(result.ranks, self.ranks, strict=False):  # no handles yet while the pool starts
             res.pid = handle.result.pid
             handle.result = res
         return result

@@ -8,6 +8,7 @@ said once. Files are opened on a rank's first byte on that stream, so a quiet ra
 descriptor, through nbddp/kernel/logdirs.py's ``private``. The views still show all output live."""
 from __future__ import annotations
 
+import io
 import os
 
 from nbddp.core import settings
@@ -61,7 +62,7 @@ class RankLog:
     def __init__(self, path: str, budget: LogBudget, name: str):
         self.path, self.budget, self.name = path, budget, name
         self.folder = os.path.dirname(path)
-        self.file = None
+        self.file: io.BufferedRandom | None = None
         self.written = 0          # the head: bytes written before any cut
         self.cut = 0              # bytes past a cap, not kept but their last TAIL
         self.why = ""             # the cap that cut it

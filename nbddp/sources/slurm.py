@@ -20,14 +20,14 @@ import tempfile
 import time
 from dataclasses import replace
 
+from nbddp.core import diagnosis, envvars, torchrun_cli
 from nbddp.core.errors import DDPUsageError
-from nbddp.core import diagnosis
-from nbddp.core import envvars, torchrun_cli
-from nbddp.sources.torchrun import ElasticLaunch
-from nbddp.core.result import RunResult
-from nbddp.sources.slurm_script import PORT_CHECK, wants_gpus
 from nbddp.core.launch import Launch
+from nbddp.core.result import RunResult
+from nbddp.core.spec import LaunchSpec
 from nbddp.kernel.logdirs import private
+from nbddp.sources.slurm_script import PORT_CHECK, wants_gpus
+from nbddp.sources.torchrun import ElasticLaunch
 
 CANCEL_WAIT_S = 15.0
 # The launch's rendezvous port, where the cell names none (--master-port): random, below Linux's

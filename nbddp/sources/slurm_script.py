@@ -136,7 +136,8 @@ def sbatch_text(spec: LaunchSpec, script: str, line: str = "", python: str | Non
     lines = spec.legacy_launch is None  # torch.distributed.launch puts --local-rank first: run plainly
     if lines:
         out += LINE_NOTE + [f"run_by_lines={shlex.quote(RUN_BY_LINES)}"]
-    out += ["export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'  # the global rank, as the notebook shows it",
+    out += ["export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'"
+            "  # the global rank, as the notebook shows it",
             'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
             f'  bash -c {HOST_SWITCH} "$head_node" \\',
             f'  "$PYTHON" -m {torchrun_cli.module(spec)} \\',

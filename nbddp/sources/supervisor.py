@@ -9,20 +9,21 @@ launch always leaves the registry."""
 from __future__ import annotations
 
 import atexit
-import os
 import signal
 import threading
 import time
 from contextlib import contextmanager
+from typing import Any
 
 from nbddp.core import diagnosis
+from nbddp.core.cellnames import name_cell
+from nbddp.core.result import RunResult
+from nbddp.core.states import LaunchState, StopReason
+from nbddp.core.summary import label
 from nbddp.forkserver import privnet
 from nbddp.kernel.inputbox import InputBox
 from nbddp.sources import stacks
 from nbddp.sources.asking import Asking
-from nbddp.core.cellnames import name_cell
-from nbddp.core.states import LaunchState, StopReason
-from nbddp.core.summary import label
 
 NEW, STARTING, RUNNING, STOPPING, CLOSING, DONE = LaunchState
 
@@ -69,8 +70,13 @@ class Source:
     FIRST_SIGNAL = {StopReason.FAILFAST: signal.SIGTERM, StopReason.TIMEOUT: signal.SIGTERM,
                     StopReason.INTERRUPT: signal.SIGINT}
     persistent = False  # a pool outlives its cells: it leaves the registry when it is stopped
-    interrupted_note = "interrupted: all ranks were stopped"
-    result = None
+
+    @property
+    def interrupted_note(self) -> str:
+        """The note for the interrupt (a class attribute in the sources that say more)."""
+        return "interrupted: all ranks were stopped"
+
+    result: RunResult | None = None
     cell_path = ""
     cell_label: str | None = None  # how stacks name cell_path's frames (nbddp/core/cellnames.py)
     source_text: str | None = None
@@ -188,7 +194,7 @@ class Supervisor:
                     self.state = RUNNING
                     self.last_output = time.monotonic()
                     self._loop()
-                except BaseException as exc:  # noqa: BLE001 - raised again once all is ended
+                except BaseException as exc:  # raised again once all is ended
                     error = exc  # (a start that failed, or a view that raised)
                     source.kill_now()
                 self.state = CLOSING
@@ -277,7 +283,7 @@ class Supervisor:
                                                    [t[0] for t in targets], spec.timeout))
 
     # --------------------------------------------------------------- stopping
-    def _stop(self, reason: str, why: str) -> None:
+    def _stop(self, reason: StopReason, why: str) -> None:
         self.stopping, self.why, self.state = reason, why, STOPPING
         self.asking.stop()
         self.stop_at = now = time.monotonic()
@@ -335,7 +341,7 @@ class Supervisor:
                 handler(*args)
 
 
-_early = {"count": 0, "previous": None}
+_early: dict[str, Any] = {"count": 0, "previous": None}  # SIGINTs counted; the handler replaced
 
 
 def _count_early(signum, frame):

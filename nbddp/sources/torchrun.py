@@ -13,19 +13,15 @@ import shlex
 import signal
 import sys
 
-from nbddp.kernel import cellscript
-from nbddp.core import envvars
-from nbddp.core import diagnosis
-from nbddp.core import placement
-from nbddp.forkserver import storehost
-from nbddp.core import settings
-from nbddp.core import torchrun_cli
+from nbddp.core import diagnosis, envvars, placement, settings, torchrun_cli
 from nbddp.core.cellnames import log_label
-from nbddp.core.rankfiles import RankFiles
 from nbddp.core.envvars import legacy_flag
-from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, write_private
-from nbddp.core.result import FAILED, KILLED, RankResult, RunResult, launch_result
 from nbddp.core.launch import Launch
+from nbddp.core.rankfiles import RankFiles
+from nbddp.core.result import FAILED, KILLED, RankResult, RunResult, launch_result
+from nbddp.forkserver import storehost
+from nbddp.kernel import cellscript
+from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, write_private
 from nbddp.sources import ranklogs
 from nbddp.sources.supervisor import Source, Supervisor
 from nbddp.sources.torchrun_agent import PREFIX_TEMPLATE, PREFIX_VAR, AgentProcess, killpg, launched_by
@@ -48,7 +44,7 @@ class ElasticLaunch(Source):
         self.spec = spec = launch.spec
         self.source_text = launch.source
         self.label = launch.cell_label
-        self.script = None
+        self.script: str | None = None
         self.sinks = list(launch.sinks)
         self.cwd = os.path.abspath(launch.cwd)
         self.base_env = dict(launch.env_base)

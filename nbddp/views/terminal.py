@@ -31,9 +31,10 @@ class _Style:
 
     __slots__ = ("fg", "bg", "flags")
 
-    def __init__(self):
-        self.fg = self.bg = None
-        self.flags = frozenset()
+    def __init__(self) -> None:
+        self.fg: str | None = None  # SGR colour codes, None: the default
+        self.bg: str | None = None
+        self.flags: frozenset[int] = frozenset()  # SGR codes on: bold, dim, italic, underline, inverse
 
     def apply(self, params: str) -> None:
         codes = [int(p) if p.isdigit() else 0 for p in params.split(";")] if params else [0]
@@ -290,6 +291,11 @@ def _css(code: str) -> str:
     return ";".join(css)
 
 
+def _hex(rgb) -> str:
+    r, g, b = rgb
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
 def _color(code: str | None) -> str | None:
     if not code:
         return None
@@ -308,11 +314,11 @@ def _color(code: str | None) -> str | None:
         if n < 232:
             n -= 16
             r, g, b = (n // 36) % 6, (n // 6) % 6, n % 6
-            return "#%02x%02x%02x" % tuple(0 if v == 0 else 55 + 40 * v for v in (r, g, b))
+            return _hex(0 if v == 0 else 55 + 40 * v for v in (r, g, b))
         v = 8 + 10 * (n - 232)
-        return "#%02x%02x%02x" % (v, v, v)
+        return _hex((v, v, v))
     if len(parts) >= 5 and parts[1] == 2:
-        return "#%02x%02x%02x" % tuple(max(0, min(255, v)) for v in parts[2:5])
+        return _hex(max(0, min(255, v)) for v in parts[2:5])
     return None
 
 

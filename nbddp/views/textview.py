@@ -16,8 +16,7 @@ from nbddp.core.iopubrate import SERVER_DATA_RATE, RateWindow, stream_bytes
 from nbddp.core.samelines import SameLines
 from nbddp.core.sink import Sink
 from nbddp.core.summary import label, wrapped
-from nbddp.views import terminal
-from nbddp.views import transcript
+from nbddp.views import terminal, transcript
 from nbddp.views.terminal import Terminal
 
 PENDING_INTERVAL_S = 0.3      # a rewritten line is re-sent at most ~3 times a second
@@ -272,12 +271,13 @@ class TextView(Sink):
                 self._left -= cost
             if capped and keep < len(texts):
                 self._left = 0
-                self._send("stderr", wrapped(f"nbddp: {self._why_held()}: further lines are not shown here (how "
-                                             f"many: at the end); every line is in the logs: {self.log_dir}") + "\n", now)
+                held = wrapped(f"nbddp: {self._why_held()}: further lines are not shown here (how many: at the end); "
+                               f"every line is in the logs: {self.log_dir}")
+                self._send("stderr", held + "\n", now)
         if keep < len(numbered):
             self._holding.add(stream)
             for ranks, _, firsts in numbered[keep:]:
-                for r, n in zip(ranks, firsts):
+                for r, n in zip(ranks, firsts, strict=True):
                     self._held.add(r, stream, n)
 
     def _why_held(self) -> str:

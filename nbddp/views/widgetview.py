@@ -11,17 +11,19 @@ from __future__ import annotations
 import html
 import itertools
 import time
+from typing import Any
 
 import ipywidgets as W
-from ipywidgets.widgets.widget_string import HTMLStyle
 from IPython.display import display as ipy_display
+from ipywidgets.widgets.widget_string import HTMLStyle
 
-from nbddp.core.sink import Sink
-from nbddp.views import transcript
+from nbddp.core import summary
 from nbddp.core.diagnosis import IDLE_WARNING
 from nbddp.core.result import OK, RUNNING, STARTING
-from nbddp.core import summary
-from nbddp.core.summary import CAUSING, label
+from nbddp.core.sink import Sink
+from nbddp.core.states import CAUSING
+from nbddp.core.summary import label
+from nbddp.views import transcript
 from nbddp.views.textview import KERNEL_WINDOW, REPORT_WAIT_S
 from nbddp.views.transcript import Collector
 
@@ -69,7 +71,7 @@ class _Pane:
         self.pending = W.HTML(value="", **shared)
         self.slots: list = []         # [widget, entries] in creation order
         self.rich: list = []          # Output widgets, creation order
-        self.open = None              # the slot new lines go into
+        self.open: list[Any] | None = None  # the slot new lines go into: [widget, entries]
         self.seq = 0                  # the CSS order of the next block
         self.sent = 0                 # the tail's total when lines were last taken
         self.ring = W.VBox([], layout=W.Layout(flex="none", overflow="visible"))
@@ -163,7 +165,8 @@ class WidgetView(Sink):
         self.root = None
         self._widgets = []      # everything to close when the launch ends
         self._hung: dict = {}   # rank -> where it waits, while the idle warning holds
-        self._asking = (None, [], None)  # (rank at the input box, ranks waiting for it, why)
+        # (rank at the input box, ranks waiting for it, why)
+        self._asking: tuple[int | None, list[int], str | None] = (None, [], None)
         self._header_dirty = True
         self._header_at = 0.0
         self.updates_sent = 0   # pane updates sent to the front end (for tests and budgets)
@@ -324,7 +327,7 @@ class WidgetView(Sink):
         """Tab/dropdown labels carry each rank's state; ``focus``: the first rank that failed is shown."""
         labels = []
         for key in self.order:
-            res = self.c.result.rank(key) if key != "all" else None
+            res = self.c.result.rank(key) if isinstance(key, int) else None  # key: a rank, or "all"
             word = res.state if res is not None and res.state not in (OK, RUNNING, STARTING) else ""
             labels.append(self.panes[key].title + (f" · {word}" if word else ""))
         if focus is not None and not getattr(self, "_focused", False):
@@ -359,7 +362,8 @@ class WidgetView(Sink):
         hung = {r: where for r, where in self._hung.items() if result.rank(r) and result.rank(r).ended_at is None}
         banner = ""
         if hung and not self.c.finished:
-            where = "; ".join(f"rank {r} blocked at {w}" if w else f"rank {r}: no stack" for r, w in sorted(hung.items()))
+            where = "; ".join(f"rank {r} blocked at {w}" if w else f"rank {r}: no stack"
+                              for r, w in sorted(hung.items()))
             fg, bg = transcript.STATE_COLORS["hung"]
             banner = (f'<div class="nbddp-hang" style="margin:3px 0;padding:3px 8px;border-radius:3px;'
                       f'line-height:1.4;background:{bg};color:{fg};border:1px solid {fg}">&#9888; no output from any '
@@ -373,8 +377,10 @@ class WidgetView(Sink):
                        f'background:{bg};color:{fg};border:1px solid {fg}">&#9998; '
                        f'{html.escape(summary.asking_line(asking, waiting, purpose))}</div>')
             words = "asks for input" if purpose == "input" else "in the debugger"
-            progress = (lambda r: words if r == asking else "waits for the debugger" if r in waiting
-                        else self.c.progress(r))
+
+            def asking_progress(r):
+                return words if r == asking else "waits for the debugger" if r in waiting else self.c.progress(r)
+            progress = asking_progress
         return {"text/plain": transcript.live_text(self.c, hung),
                 "text/html": (f'<div class="nbddp-status" style="line-height:1.4">'
                               f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>{banner}'
@@ -384,6 +390,7 @@ class WidgetView(Sink):
 
     def _push_pane(self, pane: _Pane, now: float) -> int:
         key = next(k for k, p in self.panes.items() if p is pane)
+        pending: list[tuple[str, Any]]  # (stream, line); the interleaved pane's lines say their rank
         if key == "all":
             tail, with_rank = self.c.all, True
             pending = [(s, (r, line)) for r in self.c.tails for s, line in self.c.pending(r)]

@@ -12,9 +12,8 @@ import urllib.request
 
 import pytest
 
-from support.helpers import jupyterlab
 from support import ROOT
-
+from support.helpers import jupyterlab
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = os.path.join(ROOT, "artifacts")
@@ -162,7 +161,8 @@ def test_ddp_cell_in_jupyterlab_shows_rank_tabs_and_chips(lab):
         expect(status.locator(".nbddp-progress").first).to_be_visible()
         # a bar's spaces are kept on its chip
         kept = page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea").evaluate(   # re-drawn 2×/s: looked up at once
-            "e => { const s = getComputedStyle(e.querySelector('.nbddp-progress')); return [s.whiteSpaceCollapse, s.whiteSpace]; }")
+            "e => { const s = getComputedStyle(e.querySelector('.nbddp-progress')); "
+            "return [s.whiteSpaceCollapse, s.whiteSpace]; }")
         assert "preserve" in kept or "pre" in kept, kept
         # the ANSI colour is rendered as colour, not as escape characters
         green = pane.locator("span", has_text="colour OK").first
@@ -453,7 +453,8 @@ def test_panes_keep_scroll_and_selection_and_the_end_reads_in_dark_theme(dark_la
                 orphan = again.locator(".jp-NotebookPanel:visible .jp-OutputArea-output", has_text="model not found")
                 expect(orphan).to_have_count(1, timeout=60_000)
                 print("orphaned view:", orphan.evaluate("e => e.outerHTML")[:300])
-                before, size = orphan.evaluate("e => [getComputedStyle(e, '::before').content, getComputedStyle(e).fontSize]")
+                before, size = orphan.evaluate(
+                    "e => [getComputedStyle(e, '::before').content, getComputedStyle(e).fontSize]")
                 assert "the kernel that ran this cell is gone" in before and size == "0px", (before, size)
             finally:
                 again.screenshot(path=os.path.join(ARTIFACTS, f"browser-ddp-saved-running-{name}.png"))
@@ -508,7 +509,8 @@ def test_a_ddp_cell_streams_into_notebook_7s_live_view_and_ends_in_a_transcript(
                 # by its widget manager's answer (it drew the probe's jslink), so still the live view
                 page.locator(".jp-Cell").nth(1).locator(".jp-InputArea-editor").click()
                 page.keyboard.press("Shift+Enter")
-                expect(out.locator(".nbddp-view .nbddp-pane:visible")).to_contain_text("line 10 of rank", timeout=120_000)
+                expect(out.locator(".nbddp-view .nbddp-pane:visible")).to_contain_text("line 10 of rank",
+                                                                                     timeout=120_000)
                 expect(done).to_contain_text("all ok", timeout=120_000)
                 assert "did not draw" not in out.inner_text()
             except BaseException:

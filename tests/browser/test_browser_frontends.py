@@ -4,9 +4,9 @@
 get widgets, and `--output widgets` must say it cannot instead of showing nothing."""
 import os
 
-from support.helpers import jupyterlab
 from test_browser import ARTIFACTS, notebook_page
 
+from support.helpers import jupyterlab
 
 AUTO = "%%ddp -n 2\nimport os\nprint('auto says hello from', os.environ['RANK'])"
 WIDGETS = "%%ddp -n 2 --output widgets\nimport os\nprint('asked widgets, rank', os.environ['RANK'])"

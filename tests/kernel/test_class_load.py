@@ -6,9 +6,8 @@ import importlib.util
 import os
 import time
 
-from nbddp.forkserver import privnet
 import support
-
+from nbddp.forkserver import privnet
 
 ROOT = str(support.ROOT)
 spec = importlib.util.spec_from_file_location("class_load", os.path.join(ROOT, "benchmarks", "class_load.py"))

@@ -1,8 +1,8 @@
 """nbddp installs and runs with Google Colab's pinned IPython 7.34.0, ipykernel 6.17.1 and ipywidgets
-7.7.1 (upgrading them puts Colab's runtime in a crash loop, googlecolab/colabtools#5580): a venv with exactly those pins, nbddp installed into it from this
-checkout as a user would (`pip install nbddp` resolves against the pins, nothing upgraded), then
-that venv's kernel runs a `%%ddp` cell (the text view, saying why: the live view needs ipywidgets
-8), `--output widgets` (says it cannot, shows text), the pool, and a lesson under papermill.
+7.7.1 (upgrading them puts Colab's runtime in a crash loop, googlecolab/colabtools#5580): a venv with exactly those
+pins, nbddp installed into it from this checkout as a user would (`pip install nbddp` resolves against the pins, nothing
+upgraded), then that venv's kernel runs a `%%ddp` cell (the text view, saying why: the live view needs ipywidgets 8),
+`--output widgets` (says it cannot, shows text), the pool, and a lesson under papermill.
 
 Kaggle's image is built on Colab's (Kaggle/docker-python's Dockerfile.tmpl: FROM the Colab base,
 then `uv pip install` of kaggle_requirements.txt), which keeps IPython and ipykernel and pins
@@ -28,8 +28,8 @@ import tomllib
 import pytest
 import torch
 
-from support.kernel import Kernel
 import support
+from support.kernel import Kernel
 
 pytestmark = pytest.mark.timeout(1800)  # the first run builds the venv
 

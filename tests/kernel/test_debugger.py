@@ -4,10 +4,7 @@ nbddp/kernel/inputbox.py): a rank's pdb prompt and input() go to the notebook's 
 box does (jupyter_client: allow_stdin, input_request / input_reply), with real ranks."""
 from __future__ import annotations
 
-import psutil
-
 from support.kernel import worker_pids
-
 
 BREAK_ON_RANK_1 = """%%ddp -n 2
 import os, torch.distributed as dist
@@ -140,7 +137,8 @@ def test_breakpoint_in_a_pool_cell_and_the_pool_stays_usable(kernel):
     kernel.ok("%ddp_pool start -n 2")
     try:
         reply = kernel.converse("%%ddp\nimport os\nrank = int(os.environ['RANK'])\ntotal = rank * 5\n"
-                                "if rank == 1:\n    breakpoint()\n    total += 1", scripted("p total", "n", "p total", "c"))
+                                "if rank == 1:\n    breakpoint()\n    total += 1",
+                                scripted("p total", "n", "p total", "c"))
         assert reply.status == "ok", reply.text + str(reply.error)
         assert reply.prompts[:3] == ["(Pdb rank 1) "] * 3, reply.prompts
         assert "[rank1]:5\n" in reply.text and "[rank1]:6\n" in reply.text, reply.text

@@ -10,7 +10,6 @@ import resource
 
 from support.kernel import Kernel
 
-
 LIMIT = 256
 CELLS = 300
 

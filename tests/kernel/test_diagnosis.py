@@ -164,5 +164,6 @@ def test_stacks_are_read_without_interrupting_system_calls(kernel):
     assert "cell line 8: dist.all_reduce(torch.ones(1)) (in all_reduce)" in out, out
     assert "cell line 10: if libc.nanosleep(" in out, out
     assert "no output from any rank" in out, out  # the idle warning asked too
-    assert "--timeout 10 stops the cell 10 s after it started" in out and "use --timeout" not in out, out  # it was given
+    # it was given
+    assert "--timeout 10 stops the cell 10 s after it started" in out and "use --timeout" not in out, out
     assert "Interrupted system call" not in out + reply.text and "frame #" not in out, out

@@ -5,7 +5,6 @@ import json
 import queue
 import time
 
-
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 # what JupyterLab puts in every execute_request's metadata
 LAB_METADATA = {"deletedCells": [], "recordTiming": False, "cellId": "c1"}
@@ -100,10 +99,12 @@ def test_widgets_view_and_transcript(kernel):
     models = comm_models(messages)
     assert models[root] == "VBoxModel" and "TabModel" in models.values() and "DropdownModel" not in models.values()
     # the tab titles name each rank and the interleaved view
-    tab = [m for m in of_type(messages, "comm_open") if m["content"]["data"]["state"].get("_model_name") == "TabModel"][0]
+    tab = [m for m in of_type(messages, "comm_open")
+           if m["content"]["data"]["state"].get("_model_name") == "TabModel"][0]
     titles = tab["content"]["data"]["state"].get("titles")
     updates = [m["content"]["data"]["state"] for m in of_type(messages, "comm_msg")
-               if m["content"]["comm_id"] == tab["content"]["comm_id"] and "titles" in m["content"]["data"].get("state", {})]
+               if m["content"]["comm_id"] == tab["content"]["comm_id"]
+               and "titles" in m["content"]["data"].get("state", {})]
     if updates:
         titles = updates[-1]["titles"]
     assert list(titles) == ["rank 0", "rank 1", "all ranks"]
@@ -238,7 +239,8 @@ def test_32_ranks_use_a_selector(kernel):
     models = comm_models(messages)
     assert "DropdownModel" in models.values() and "StackModel" in models.values()
     assert "TabModel" not in models.values()
-    drop = [m for m in of_type(messages, "comm_open") if m["content"]["data"]["state"].get("_model_name") == "DropdownModel"][0]
+    drop = [m for m in of_type(messages, "comm_open")
+            if m["content"]["data"]["state"].get("_model_name") == "DropdownModel"][0]
     labels = drop["content"]["data"]["state"]["_options_labels"]
     assert len(labels) == 33 and labels[0] == "rank 0" and labels[31] == "rank 31" and labels[32] == "all ranks"
     data = final_bundle(messages)

@@ -9,7 +9,6 @@ import time
 from support.helpers import alive, free_port, wait_gone, wait_until
 from support.kernel import Kernel
 
-
 ALL_REDUCE = """import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(1) * dist.get_rank(); dist.all_reduce(t)

@@ -6,7 +6,6 @@ import pytest
 
 from support.helpers import wait_gone
 
-
 MAIN_CELL = """%%ddp -n 4
 import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -30,7 +29,8 @@ def test_script_conventions_argv_name_cwd_file(kernel):
 import argparse, os, sys
 p = argparse.ArgumentParser(); p.add_argument("--lr", type=float); p.add_argument("path")
 a = p.parse_args()
-print(__name__, a.lr, a.path, os.path.basename(sys.argv[0]), os.getcwd() == os.environ["PWD_SEEN"] if "PWD_SEEN" in os.environ else os.getcwd())
+print(__name__, a.lr, a.path, os.path.basename(sys.argv[0]),
+      os.getcwd() == os.environ["PWD_SEEN"] if "PWD_SEEN" in os.environ else os.getcwd())
 print("file", __file__ == sys.argv[0])
 """)
     kernel_cwd = kernel.ok("import os; print(os.getcwd())").stdout.strip()
@@ -67,7 +67,8 @@ print(e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"], e["WORLD_SIZE"], e["LOCAL_WOR
 
 def test_env_option_and_user_env_inherited(kernel):
     kernel.ok("import os; os.environ['FROM_KERNEL'] = 'yes'")
-    reply = kernel.ok("%%ddp -n 2 --env A=1 --env B=x=y\nimport os; print(os.environ['A'], os.environ['B'], os.environ['FROM_KERNEL'])")
+    reply = kernel.ok("%%ddp -n 2 --env A=1 --env B=x=y\n"
+                      "import os; print(os.environ['A'], os.environ['B'], os.environ['FROM_KERNEL'])")
     assert reply.stdout.count("1 x=y yes\n") == 2
 
 
@@ -92,9 +93,13 @@ import time; time.sleep(30)
 
 
 @pytest.mark.parametrize("body, cause", [
-    ("import sys, os\nif os.environ['RANK'] == '1': sys.exit(3)\nimport time; time.sleep(30)", "rank 1: failed (exited with code 3)"),
-    ("import os\nif os.environ['RANK'] == '0': os._exit(1)\nimport time; time.sleep(30)", "rank 0: failed (exited with code 1)"),
-    ("import os, signal\nif os.environ['RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\nimport time; time.sleep(30)", "rank 1: killed (killed by SIGKILL"),
+    ("import sys, os\nif os.environ['RANK'] == '1': sys.exit(3)\nimport time; time.sleep(30)",
+     "rank 1: failed (exited with code 3)"),
+    ("import os\nif os.environ['RANK'] == '0': os._exit(1)\nimport time; time.sleep(30)",
+     "rank 0: failed (exited with code 1)"),
+    ("import os, signal\nif os.environ['RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\n"
+     "import time; time.sleep(30)",
+     "rank 1: killed (killed by SIGKILL"),
 ])
 def test_exit_codes_and_signals_fail_the_cell(kernel, body, cause):
     reply = kernel.execute("%%ddp -n 2\n" + body, timeout=60)
@@ -124,7 +129,8 @@ def test_syntax_error_reported_once_before_spawning(kernel):
     ("-n 2 --env NOEQUALS", "--env takes KEY=VALUE"),
     ("-n 2 --timeout -1", "--timeout must be more than 0"),
     # ranks would wait for a store on 29999 that nobody hosts
-    ("-n 2 --env MASTER_PORT=29999", "the launcher sets MASTER_PORT for each rank, as torchrun does; use --master-port PORT"),
+    ("-n 2 --env MASTER_PORT=29999",
+     "the launcher sets MASTER_PORT for each rank, as torchrun does; use --master-port PORT"),
     ("-n 2 --env RANK=0", "choose the topology with -n"),
 ])
 def test_bad_arguments_raise_usage_error_before_any_process(kernel, line, reason):
@@ -177,7 +183,8 @@ for i in range(20000):
 """, timeout=240)
     for r in range(4):
         got = [int(m) for m in re.findall(rf"^\[rank{r}\]:{r}:(\d+)$", reply.stdout, re.M)]
-        assert got == list(range(20000)), f"rank {r}: {len(got)} lines, first gap at {next((i for i, v in enumerate(got) if v != i), None)}"
+        gap = next((i for i, v in enumerate(got) if v != i), None)
+        assert got == list(range(20000)), f"rank {r}: {len(got)} lines, first gap at {gap}"
     kernel.ok("assert all(r.stdout.count('\\n') == 20000 for r in _ddp.ranks)")
 
 

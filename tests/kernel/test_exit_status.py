@@ -2,18 +2,30 @@
 every earlier child: the rank starts in starter.start_all's threads, the spares' refill): one
 read, the same true code for all; multiprocess alone gives some of them 255 (the status pipe
 read empty by the second reader)."""
+import json
+import os
+import subprocess
+import sys
 import threading
+import time
 
 from multiprocess.connection import wait
 
-import nbddp.sources.rankprocs  # noqa: F401 - what the launcher imports
+import nbddp.sources.rankprocs
+from nbddp.core.exitstates import exit_status
 from nbddp.forkserver import starter
+from nbddp.rank.torchrun_rank import STATUS_DIR_VAR
 
 
 def _exit_7():
     import os
 
     os._exit(7)
+
+
+def _poll_together(barrier, process):
+    barrier.wait()
+    process._popen.poll()
 
 
 def test_an_exit_code_polled_by_several_threads_at_once_is_the_true_one():
@@ -25,12 +37,7 @@ def test_an_exit_code_polled_by_several_threads_at_once_is_the_true_one():
         # it has exited and its status waits in the pipe (a fixed sleep was too short on a busy machine)
         assert wait([process.sentinel], 30)
         barrier = threading.Barrier(4)
-
-        def poll():
-            barrier.wait()
-            process._popen.poll()
-
-        threads = [threading.Thread(target=poll) for _ in range(4)]
+        threads = [threading.Thread(target=_poll_together, args=(barrier, process)) for _ in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -41,13 +48,7 @@ def test_an_exit_code_polled_by_several_threads_at_once_is_the_true_one():
 
 
 # ------------------------------------------------- the exit status a torchrun rank reports
-import json  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
-from nbddp.core.exitstates import exit_status  # noqa: E402
-from nbddp.rank.torchrun_rank import STATUS_DIR_VAR  # noqa: E402
 
 CODES = ["-9", "256", "2**70", "True", "'a message'", "3"]
 
@@ -73,9 +74,7 @@ def test_a_torchrun_rank_reports_the_exit_status_its_process_ends_with(tmp_path)
 
 
 # --------------------------------------------------- the exit grace is not the idle warning (#37.12)
-import time  # noqa: E402
 
-import nbddp  # noqa: E402
 
 CHECKPOINT_AT_EXIT = """
 import atexit, os, time

@@ -12,7 +12,6 @@ import pytest
 from support.helpers import free_port
 from support.kernel import Kernel
 
-
 CELL = """import os, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)]); dist.all_reduce(t)
@@ -73,7 +72,7 @@ def finish(proc, timeout=120) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         text, _ = proc.communicate()
-        raise AssertionError(f"torchrun did not finish: {text[-3000:]}")
+        raise AssertionError(f"torchrun did not finish: {text[-3000:]}") from None
     assert proc.returncode == 0, text[-3000:]
     return text
 

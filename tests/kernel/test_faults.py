@@ -13,7 +13,6 @@ import pytest
 from support.helpers import alive, wait_gone
 from support.kernel import Kernel, worker_pids
 
-
 NEXT_CELL = "%%ddp -n 2\nprint('next cell ok')"
 
 
@@ -479,7 +478,8 @@ def test_a_forkserver_that_ends_while_the_cells_ranks_start_is_replaced_and_the_
         reply = k.collect(msg_id, timeout=150)
         assert reply.status == "ok", reply.text
         assert reply.stdout.count("cell-ran") == 2, reply.text
-        assert f"the forkserver (pid {server}) ended while this cell's ranks were being started" in reply.text, reply.text
+        assert f"the forkserver (pid {server}) ended while this cell's ranks were being started" in reply.text, \
+            reply.text
         assert "EOFError" not in reply.text and "Traceback" not in reply.text, reply.text
         again = k.execute("%%ddp -n 2 --timeout 30 --output text\nprint('ran-again')", timeout=60)
         assert again.status == "ok" and again.stdout.count("ran-again") == 2, again.text

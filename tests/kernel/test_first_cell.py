@@ -2,8 +2,9 @@
 once, and the status goes when the wait ends (benchmarks/first_cell.py times it)."""
 import datetime
 
-from support.kernel import Kernel
 from test_display import of_type, run_raw, stdout_of
+
+from support.kernel import Kernel
 
 
 def _when(msg) -> datetime.datetime:
@@ -35,6 +36,7 @@ def test_first_cell_says_it_is_importing_torch_at_once_then_clears_it(tmp_path):
         # later cells do not wait and show no status
         messages, _ = run_raw(k, "%%ddp -n 2 --output text\nprint('second')")
         assert not of_type(messages, "display_data") or all(
-            "importing torch" not in m["content"]["data"].get("text/plain", "") for m in of_type(messages, "display_data"))
+            "importing torch" not in m["content"]["data"].get("text/plain", "")
+            for m in of_type(messages, "display_data"))
     finally:
         k.shutdown()

@@ -6,12 +6,10 @@ import time
 
 import pytest
 from jupyter_client.session import Session
-
-from nbddp.core.frontends import ANSWER_WINDOW_S
-
-from support.kernel import Kernel
 from test_display import WIDGET_MIME, of_type, run_raw, stdout_of
 
+from nbddp.core.frontends import ANSWER_WINDOW_S
+from support.kernel import Kernel
 
 LAB = {"deletedCells": [], "recordTiming": False, "cellId": "c1"}
 VSCODE = {"cellId": "vscode-notebook-cell:/home/u/nb.ipynb#W1sZmlsZQ%3D%3D"}

@@ -15,7 +15,6 @@ import pytest
 from support.helpers import alive, wait_gone
 from support.kernel import Kernel
 
-
 STRESS = int(os.environ.get("NBDDP_STRESS", "50"))  # interrupts per kind (fresh, pool): 100 in all
 BUSY = "while True:\n    pass\n"
 NEXT = "%%ddp -n 2\nprint('next ok')"
@@ -130,7 +129,8 @@ def test_forkserver_in_its_own_session_and_replaced_if_it_dies(kernel):
     assert server is not None
     assert os.getsid(server.pid) == server.pid != os.getsid(kernel.pid)  # the stop button cannot reach it
     os.kill(server.pid, signal.SIGKILL)
-    assert not wait_gone([server.pid], 60), "the killed forkserver did not exit"  # the next cell meets a dead one, not a dying one (tests/kernel/test_faults.py)
+    # the next cell meets a dead one, not a dying one (tests/kernel/test_faults.py)
+    assert not wait_gone([server.pid], 60), "the killed forkserver did not exit"
     reply = kernel.ok(NEXT, timeout=180)
     assert reply.stdout.count("next ok") == 2, reply.text
     notes = [line for line in reply.text.splitlines() if "forkserver had ended" in line]
@@ -143,6 +143,7 @@ def test_a_start_after_the_warm_forkserver_died_gets_a_new_ones_limit():
     launch) is a new forkserver's, which imports torch first: it was the warm one's 10 s, and on
     a loaded machine the replacement was killed as stuck (CI: no forkserver after the refill)."""
     from multiprocess import forkserver
+
     from nbddp.forkserver import starter
 
     child = os.fork()
@@ -165,7 +166,8 @@ def test_forkserver_replaced_between_cells_by_the_spares_refill_is_still_reporte
     kernel.ok("from nbddp.forkserver import spares\nspares.settle(120)", timeout=180)
     server = kernel.forkserver()
     os.kill(server.pid, signal.SIGKILL)
-    assert not wait_gone([server.pid], 60), "the killed forkserver did not exit"  # the next cell meets a dead one, not a dying one (tests/kernel/test_faults.py)
+    # the next cell meets a dead one, not a dying one (tests/kernel/test_faults.py)
+    assert not wait_gone([server.pid], 60), "the killed forkserver did not exit"
     # the background refill of spares forks first: multiprocess starts a new forkserver for it
     kernel.ok("from nbddp.forkserver import spares\nspares.clear(); spares.refill(2); spares.settle(120)", timeout=180)
     replacement = kernel.forkserver()
@@ -187,7 +189,8 @@ def test_forkserver_killed_mid_cell_leaves_the_ranks_own_exit_codes(kernel):
             os.kill(server.pid, signal.SIGKILL)
 
     msg_id = kernel.kc.execute("%%ddp -n 2 --output text\nimport os, sys, time\nprint('sleeping', flush=True)\n"
-                               "time.sleep(3)\nprint('woke', flush=True)\nsys.exit(3 if os.environ['RANK'] == '1' else 0)")
+                               "time.sleep(3)\nprint('woke', flush=True)\n"
+                               "sys.exit(3 if os.environ['RANK'] == '1' else 0)")
     reply = kernel.collect(msg_id, timeout=60, on_output=kill_when_both_sleep)
     assert not alive([server.pid]), "the forkserver was not killed mid-cell"
     assert reply.stdout.count("woke") == 2, reply.text

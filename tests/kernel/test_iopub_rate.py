@@ -18,7 +18,6 @@ import pytest
 from support.frontend import visible_lines
 from support.helpers import jupyter_server
 
-
 FLOOD = """%%ddp -n 4 --output text --same-lines apart --idle-warning 0
 import os
 rank = int(os.environ["RANK"])

@@ -21,7 +21,6 @@ import pytest
 from support.helpers import alive, wait_gone, wait_until
 from support.kernel import Kernel
 
-
 SLEEPING = "%%ddp -n 2\nimport time\nprint('running', flush=True)\ntime.sleep(120)"
 HOLDING_THE_GIL = "%%ddp -n 2\nimport re\nprint('running', flush=True)\nre.match(r'(a+)+$', 'a' * 60 + 'b')"
 

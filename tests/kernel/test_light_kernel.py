@@ -3,7 +3,6 @@ CUDA device count are answered by the forkserver's store host (nbddp/forkserver/
 so a kernel after a launch stays ~60 MB instead of ~250 (benchmarks/kernel_memory.py)."""
 from __future__ import annotations
 
-
 TORCH = "import sys\nprint(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:5])"
 DEVICES = "from nbddp.forkserver import storehost\nprint(storehost.device_count())"
 

@@ -5,10 +5,10 @@ model they are rendered by, pure: tests/unit/test_terminal.py.)"""
 import os
 import time
 
+from test_display import WIDGET_MIME, final_bundle, of_type, run_raw, status_htmls, widget_display
+
 from nbddp.views import terminal
 from nbddp.views.terminal import Terminal
-
-from test_display import WIDGET_MIME, final_bundle, of_type, run_raw, status_htmls, widget_display
 
 TQDM = """%%ddp -n 2 --output {mode}
 import os, sys, time
@@ -53,7 +53,8 @@ def test_text_mode_progress_bar_updates_live_and_ends_as_one_line(kernel):
     # (the widget view's transcript, below, renders them)
     data = final_bundle(messages)
     assert "rank 1: ok" in data["text/plain"] and "/40" not in data["text/plain"], data
-    assert data["text/html"].count("/40") == 2 and data["text/html"].count('class="nbddp-progress"') == 2  # on the chips
+    # on the chips
+    assert data["text/html"].count("/40") == 2 and data["text/html"].count('class="nbddp-progress"') == 2
     assert "from 1" not in data["text/plain"] + data["text/html"], data
 
 

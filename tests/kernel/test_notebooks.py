@@ -28,7 +28,9 @@ def kernel_name(tmp_path_factory):
         yield name
 
 
-AT_ONCE = 1  # lessons run at the same time; 2 saved ~60 s but made timing-bound lessons (13: a rank killed on purpose) flaky on 2 cores
+# lessons run at the same time; 2 saved ~60 s but made timing-bound lessons (13: a rank killed on
+# purpose) flaky on 2 cores
+AT_ONCE = 1
 # The lessons whose figures are timings: each runs with a busy loop pinned to one core beside it (the
 # suite's other test files load the machine too), so a figure that only agrees with its text on an
 # idle machine fails here, where its lesson asserts the claim, instead of being committed.

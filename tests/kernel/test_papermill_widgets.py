@@ -7,10 +7,10 @@ import os
 import nbformat
 import papermill
 
-
 CELLS = [
     "%load_ext nbddp",
-    "%%ddp -n 2\nimport os, sys\nprint('auto says', os.environ['RANK'])\nprint('auto err', os.environ['RANK'], file=sys.stderr)",
+    "%%ddp -n 2\nimport os, sys\nprint('auto says', os.environ['RANK'])\n"
+    "print('auto err', os.environ['RANK'], file=sys.stderr)",
     "%%ddp -n 2 --output widgets\nimport os\nprint('widget says', os.environ['RANK'])",
     "print(_ddp.ok, [r.state for r in _ddp.ranks])",
 ]
@@ -47,7 +47,8 @@ def test_papermill_notebook_has_per_rank_transcript_and_valid_widget_state(tmp_p
                     shown.data["text/html"].count(f"{word} says {r}")]
             assert said == ([1, 0, 0] if word == "auto" else [0, 1, 1]), (said, streamed, shown.data["text/plain"])
             assert f"rank {r}: ok" in shown.data["text/plain"] and f"rank {r}: ok" in shown.data["text/html"]
-    assert "[rank0]:auto says 0" in "".join(o.get("text", "") for o in out.cells[1].outputs if o.output_type == "stream")
+    assert "[rank0]:auto says 0" in "".join(o.get("text", "") for o in out.cells[1].outputs
+                                            if o.output_type == "stream")
     assert "[rank1]:auto err 1" in "".join(o.get("text", "") for o in out.cells[1].outputs
                                           if o.output_type == "stream" and o.name == "stderr")
     assert "True ['ok', 'ok']" in "".join(o.get("text", "") for o in out.cells[3].outputs)

@@ -78,7 +78,7 @@ def test_targeting_runs_on_some_ranks_and_warns_about_collectives(pool_kernel):
     assert "runs on rank 0 only, but calls all_reduce() (cell line 2)" in text
     assert "rank 0 blocked at cell line 2: dist.all_reduce(x)" in text
     assert time.monotonic() - start < 15
-    # the hung collective was released (tests/test_pool_hang_release.py): the pool serves on, the
+    # the hung collective was released (tests/kernel/test_pool_hang_release.py): the pool serves on, the
     # group is to be created again
     assert "ready" in k.ok("%ddp_pool status").stdout
     reply = k.ok("%%ddp\nprint('back', dist.is_initialized())")

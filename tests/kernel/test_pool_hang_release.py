@@ -87,7 +87,8 @@ def test_the_stop_button_releases_a_hung_collective_and_keeps_the_pool(pool):
 def test_a_rank_the_release_cannot_free_ends_the_pool_as_before(pool):
     k = pool
     pids = _pids(k)
-    reply = k.execute("%%ddp --timeout 2\nimport signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+    reply = k.execute("%%ddp --timeout 2\nimport signal, time\n"
+                      "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
                       "if rank == 0:\n    time.sleep(60)", timeout=60)
     assert reply.status == "error"
     assert "rank 0 did not return even then (not blocked on the process group): the pool is ended" in reply.text

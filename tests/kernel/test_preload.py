@@ -9,7 +9,6 @@ import pytest
 
 from support.kernel import Kernel
 
-
 PROBE = "import sys, json, os\nprint('MODS', json.dumps({m: m in sys.modules for m in NAMES}))\n"
 
 
@@ -131,4 +130,5 @@ def test_torch_compile_cache_is_private_not_the_predictable_tmp_folder(kernel):
                       " oct(info.st_mode & 0o777), info.st_uid == os.getuid())")
     assert "CACHE True True 0o700 True" in reply.stdout, reply.text
     # the kernel's own torch is left as it was
-    assert kernel.ok("import os; print('KERNEL', os.environ.get('TORCHINDUCTOR_CACHE_DIR'))").stdout.strip() == "KERNEL None"
+    shown = kernel.ok("import os; print('KERNEL', os.environ.get('TORCHINDUCTOR_CACHE_DIR'))").stdout
+    assert shown.strip() == "KERNEL None"

@@ -1,8 +1,8 @@
-"""Many users on one server (nbddp/forkserver/privnet.py, nbddp/forkserver/storehost.py): another local user (``nobody``,
-via runuser, as root) tries what a classmate could. By default it can connect to a launch's
-store (the exposure docs/explanation/reliability.md states); with ``NBDDP_PRIVATE_NET=1`` neither it
-nor anyone outside the kernel's private network reaches the store or the ranks' gloo listeners,
-while the owner's cells run normally. Logs and pushed values are private either way."""
+"""Many users on one server (nbddp/forkserver/privnet.py, nbddp/forkserver/storehost.py): another local user
+(``nobody``, via runuser, as root) tries what a classmate could. By default it can connect to a launch's store (the
+exposure docs/explanation/reliability.md states); with ``NBDDP_PRIVATE_NET=1`` neither it nor anyone outside the
+kernel's private network reaches the store or the ranks' gloo listeners, while the owner's cells run normally. Logs and
+pushed values are private either way."""
 import glob
 import os
 import re
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+import support
 from support.helpers import alive, wait_gone, wait_until
 from support.kernel import Kernel
-import support
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None
                                 or not os.path.exists("/usr/bin/python3"),
@@ -131,7 +131,8 @@ def test_a_private_network_keeps_store_and_listeners_from_everyone_else(private_
     assert seen["net"] != os.readlink(f"/proc/{private_kernel.pid}/ns/net")
     assert len(seen["targets"]) >= 3, seen  # the store, and at least one gloo listener per address
     inside = {a: v for a, v in seen["targets"].items() if int(a.rsplit(":", 1)[1]) not in seen["outside"]}
-    assert len(inside) >= 2 and all(v == "ConnectionRefusedError" for v in inside.values()), (seen["targets"], seen["outside"])
+    assert len(inside) >= 2 and all(v == "ConnectionRefusedError" for v in inside.values()), \
+        (seen["targets"], seen["outside"])
     # not a matter of the uid: from outside the kernel's private network nobody gets in
     for address in inside:
         host, port = address.rsplit(":", 1)

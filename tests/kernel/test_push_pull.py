@@ -6,7 +6,6 @@ import time
 
 import psutil
 
-
 SIZE = 200_000_000  # bytes: a 50M-element float32 tensor
 
 

@@ -17,7 +17,6 @@ import pytest
 
 from support.kernel import Kernel
 
-
 CELL = """%%ddp -n 4 {options}
 import os, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -75,7 +74,8 @@ def test_text_mode_says_a_line_every_rank_printed_once_and_different_lines_apart
     out = default_kernel.ok(CELL.replace("{options}", "--output text"), timeout=180).stdout
     per_rank, shared = said(out)
     assert_every_line_once_in_order(per_rank, out)
-    assert shared and set(shared) <= {"epoch 1 done", "epoch 2 done"}, out   # all four at once: tests/unit/test_same_lines_rules.py
+    # all four at once: tests/unit/test_same_lines_rules.py
+    assert shared and set(shared) <= {"epoch 1 done", "epoch 2 done"}, out
 
 
 def test_apart_shows_every_ranks_line(default_kernel):

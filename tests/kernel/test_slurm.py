@@ -11,10 +11,10 @@ import time
 
 import pytest
 
+from nbddp.core.launchrules import parse_line
+from nbddp.sources.slurm_script import sbatch_text
 from support.helpers import alive, wait_until
 from support.kernel import Kernel
-from nbddp.sources.slurm_script import sbatch_text
-from nbddp.core.launchrules import parse_line
 
 
 def slurm_answers() -> bool:
@@ -243,7 +243,7 @@ def test_inside_an_allocation_the_cell_is_a_step_of_it(tmp_path):
             assert f"[rank{r}]:in job {job_id} step 0" in reply.stdout, reply.text
         assert jobs() == [f"{job_id} nbddp-test-alloc RUNNING"], jobs()  # the allocation stays, for the next cell
         # the kernel's exit while a cell runs: its step is cancelled, the allocation stays
-        msg_id = k.kc.execute("%%ddp --launcher slurm -n 1\nimport time\nprint('up', flush=True)\ntime.sleep(300)\n")
+        k.kc.execute("%%ddp --launcher slurm -n 1\nimport time\nprint('up', flush=True)\ntime.sleep(300)\n")
         assert wait_until(lambda: steps(job_id), 120, every=0.5), "the cell's step never started"
         k.km.shutdown_kernel(now=False)
         assert wait_until(lambda: not steps(job_id), 20, every=0.5), "the cell's step outlived the kernel"
@@ -262,7 +262,8 @@ def test_a_taken_rendezvous_port_stops_the_slurm_cell_in_one_line(job):
         taken.bind(("", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        reply = kernel.execute(f"%%ddp --launcher slurm -n 1 --master-port {port}\nprint('the cell ran')\n", timeout=120)
+        reply = kernel.execute(f"%%ddp --launcher slurm -n 1 --master-port {port}\nprint('the cell ran')\n",
+                               timeout=120)
     text = raised(reply, "DDPError")
     assert f"the rendezvous port {port} on " in text and "is taken (Address already in use)" in text, text
     assert "the cell ran" not in reply.stdout
@@ -278,6 +279,7 @@ def test_the_exported_job_keeps_every_ranks_line_in_ten_runs(tmp_path):
     lines whole in every .out, every job exits 0. test_exported_sbatch_job_gives_each_rank_the_cells_output
     runs the two-node job."""
     import io
+
     from nbddp.export import export_cell
 
     if not HAVE_SLURM:

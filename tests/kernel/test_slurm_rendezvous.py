@@ -38,7 +38,8 @@ def fake_slurm(tmp_path) -> dict:
     (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'node0\\nnode1\\n'\n")
     (bin_dir / "python").write_text(
         f'#!/bin/bash\nif [ "$1" = -I ]; then exec {sys.executable} "$@"; fi\n'
-        '{ echo "conf=$PET_RDZV_CONF"; echo "id=$PET_RDZV_ID"; printf "%s\\n" "$@"; } > "$TORCHRUN_SAW.$SLURMD_NODENAME"\n')
+        '{ echo "conf=$PET_RDZV_CONF"; echo "id=$PET_RDZV_ID"; printf "%s\\n" "$@"; } '
+        '> "$TORCHRUN_SAW.$SLURMD_NODENAME"\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PET_", "RDZV"))}

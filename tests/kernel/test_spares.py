@@ -8,7 +8,6 @@ import signal
 from support.helpers import alive, wait_gone
 from support.kernel import Kernel
 
-
 DUMP = """%%ddp -n 3 -- --flag x
 import os, sys, json, torch
 print(json.dumps({"env": dict(os.environ), "argv": sys.argv[1:], "name": __name__, "cwd": os.getcwd(),

@@ -7,13 +7,12 @@ import socket
 import psutil
 import pytest
 
-
 CELL = ("import os, time, torch.distributed as dist\ndist.init_process_group('gloo')\n"
         "print('PORT', os.environ['MASTER_PORT'], flush=True)\ntime.sleep(2)\ndist.barrier()")
 
 
 def _external_ipv4():
-    for name, addrs in psutil.net_if_addrs().items():
+    for addrs in psutil.net_if_addrs().values():
         for addr in addrs:
             if addr.family == socket.AF_INET and not addr.address.startswith("127."):
                 return addr.address

@@ -8,7 +8,6 @@ import pytest
 
 from support.frontend import visible_lines
 
-
 CELL = r"""%%ddp -n 2 --output text
 import os, sys, time
 rank = int(os.environ["RANK"])

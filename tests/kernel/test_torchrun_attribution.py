@@ -7,7 +7,6 @@ import pytest
 
 from support.kernel import Kernel
 
-
 KILLED_IN_A_COLLECTIVE = """import os, signal, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(1)
@@ -64,7 +63,8 @@ time.sleep(6)
     assert not any("no output from any rank" in n and "time.sleep" in n for n in notes), notes
     assert not notes or all(n.startswith("warning: no output") for n in notes), notes  # nothing else to say
     states = eval(kernel.ok(STATES).stdout)
-    assert [s[1:3] for s in states] == [("ok", ""), ("killed", "killed by SIGKILL (from outside nbddp, or out of memory)")], states
+    assert [s[1:3] for s in states] == [("ok", ""),
+                                        ("killed", "killed by SIGKILL (from outside nbddp, or out of memory)")], states
 
 
 def test_a_quiet_rank_still_gets_the_idle_warning_under_torchrun(kernel: Kernel):

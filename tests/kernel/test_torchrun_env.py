@@ -10,7 +10,6 @@ import pytest
 
 from nbddp.core.envvars import PER_LAUNCH_KEYS
 
-
 DUMP = """
 import json, os, sys
 out = os.environ["DUMP_DIR"]

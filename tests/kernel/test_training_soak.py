@@ -22,7 +22,6 @@ import pytest
 
 from support.kernel import Kernel
 
-
 LAUNCHES = 30
 
 TRAINING_CELL = """\

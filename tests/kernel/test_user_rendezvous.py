@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
+from nbddp.rank import user_rendezvous
 from support.helpers import free_port, wait_gone
 from support.kernel import worker_pids
-from nbddp.rank import user_rendezvous
 
 
 def sums(reply, tag="sum"):

@@ -22,9 +22,9 @@ import zipfile
 import pytest
 
 import nbddp
+import support
 from support.helpers import alive, wait_gone
 from support.kernel import Kernel
-import support
 
 ROOT = str(support.ROOT)
 LESSON = "05_sharding_and_metrics.ipynb"  # a short lesson with every kind of cell (params, %%ddp, check, solution)
@@ -78,7 +78,8 @@ def venv(dist, tmp_path_factory):
          f"torch=={torch.__version__}", str(dist[1])], env=clean_env(PIP_DISABLE_PIP_VERSION_CHECK="1"))
     # the first import writes the bytecode a user's first import would (the forkserver runs with
     # -B, and CI may set PYTHONDONTWRITEBYTECODE: without this every process compiles torch again)
-    warm = "import torch.distributed, torch.nn, torch.distributed.run, nbddp.magic, nbddp.rank.worker, ipykernel.kernelapp, papermill"
+    warm = ("import torch.distributed, torch.nn, torch.distributed.run, nbddp.magic, nbddp.rank.worker, "
+            "ipykernel.kernelapp, papermill")
     run([python, "-c", warm], env=clean_env())
     site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
     return python, site
@@ -154,7 +155,8 @@ def test_installed_wheel_runs_ddp_cells_spares_and_torchrun(venv, tmp_path):
         for launch in ("forkserver", "spares", "torchrun"):
             if launch == "spares":
                 k.settle()
-                waiting = json.loads(k.ok("import json, nbddp.forkserver.spares as s; print(json.dumps(s.pids()))").stdout)
+                pids = k.ok("import json, nbddp.forkserver.spares as s; print(json.dumps(s.pids()))").stdout
+                waiting = json.loads(pids)
                 assert len(waiting) == 2, f"no spares were forked for the next cell: {waiting}"
             line = "%%ddp -n 2 --output text" + (" --launcher torchrun" if launch == "torchrun" else "")
             reply = k.ok(line + "\n" + RANK, timeout=180)

@@ -72,7 +72,7 @@ def jupyter_server(module: str, root, env: dict, log_path, *args: str, timeout: 
             except Exception:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     log.close()
-                    raise RuntimeError(f"{module} did not start:\n" + open(log_path).read()[-3000:])
+                    raise RuntimeError(f"{module} did not start:\n" + open(log_path).read()[-3000:]) from None
                 time.sleep(0.3)
         yield base, token
     finally:
@@ -110,7 +110,8 @@ def jupyterlab(tmp_path, cells, disabled_extensions=(), theme=None):
         (labconfig / "page_config.json").write_text(
             json.dumps({"disabledExtensions": {name: True for name in disabled_extensions}}))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"))
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"))
     env.pop("NBDDP_OUTPUT", None)
     with jupyter_server("jupyterlab", root, env, tmp_path / "lab.log", "--LabApp.news_url=") as (base, token):
         yield base, token, tmp_path

@@ -210,7 +210,7 @@ class Kernel:
                 pass
         return None
 
-    def load_nbddp(self) -> "Kernel":
+    def load_nbddp(self) -> Kernel:
         """nbddp loaded, and its forkserver up: the first cell of a kernel waits for the
         forkserver to import torch and nbddp/forkserver/preload.py's list (seconds), which is
         no test's subject, so tests that bound a cell's time start after it."""

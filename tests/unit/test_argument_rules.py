@@ -1,6 +1,6 @@
-"""The argument rules (nbddp/core/launchrules.py, nbddp/core/linecommands.py) and the Python API's refusals, without a kernel or
-any process: every row of the docs' table of bad magic input, checked against the rules
-directly, with the message the docs show; and nbddp.run / nbddp.Pool raising the same
+"""The argument rules (nbddp/core/launchrules.py, nbddp/core/linecommands.py) and the Python
+API's refusals, without a kernel or any process: every row of the docs' table of bad magic
+input, checked against the rules directly, with the message the docs show; and nbddp.run / nbddp.Pool raising the same
 DDPUsageError (a ValueError, never IPython's UsageError) before anything starts."""
 import re
 import socket
@@ -9,15 +9,13 @@ from pathlib import Path
 import pytest
 
 import nbddp
+import support
 from nbddp import DDPUsageError
-from nbddp.core import launchrules as rules
-from nbddp.core import linecommands
-from nbddp.core.spec import LaunchSpec
+from nbddp.core import launchrules as rules, linecommands, settings
 from nbddp.core.launchrules import parse_line
-from nbddp.core import settings
+from nbddp.core.spec import LaunchSpec
 from nbddp.forkserver import tcpstore
 from nbddp.sources import rendezvous
-import support
 
 ROOT = support.ROOT
 
@@ -300,7 +298,7 @@ def test_private_net_rule_is_applied_by_the_store_host(monkeypatch):
     monkeypatch.setattr(privnet, "_probed", {})  # decided once per process: decide again here
     with pytest.raises(DDPUsageError, match="--start-method spawn starts ranks outside the private network"):
         rendezvous.host_for(parse_line("--start-method spawn"))
-    with pytest.raises(DDPUsageError, match="--master-addr 10.1.2.3 is not this machine's loopback"):
+    with pytest.raises(DDPUsageError, match=r"--master-addr 10\.1\.2\.3 is not this machine's loopback"):
         rendezvous.host_for(parse_line("--master-addr 10.1.2.3"))
 
 

@@ -5,6 +5,7 @@ import importlib.util
 import os
 
 import pytest
+
 import support
 
 ROOT = str(support.ROOT)

@@ -171,7 +171,8 @@ def test_exit_code_cause_gets_the_last_error_line_only_without_a_traceback(tmp_p
     raised = RankResult(rank=1, local_rank=1, node_rank=0, state="failed", cause="ValueError: x at cell line 2",
                         exception={"type": "ValueError", "message": "x"}, stderr_path=str(err))
     diagnosis.add_hints(RunResult(ranks=[quiet, raised], world_size=2, log_dir=str(tmp_path)))
-    assert quiet.cause == "exited with code 1: Cannot find primary config 'gpt2_train_cfg'. Check that it's in your config search path."
+    assert quiet.cause == ("exited with code 1: Cannot find primary config 'gpt2_train_cfg'. "
+                           "Check that it's in your config search path.")
     assert raised.cause == "ValueError: x at cell line 2"
 
 
@@ -275,7 +276,8 @@ def test_add_hints_reads_only_the_tail_of_a_huge_stderr(tmp_path):
 def test_name_cell_on_a_traceback_and_a_faulthandler_dump():
     script = "/nb/.nbddp-1.py"
     source = "# %%ddp\nimport time\ntime.sleep(9)\n"
-    tb = f'Traceback (most recent call last):\n  File "{script}", line 3, in <module>\n    time.sleep(9)\nKeyboardInterrupt\n'
+    tb = (f'Traceback (most recent call last):\n  File "{script}", line 3, in <module>\n    time.sleep(9)\n'
+          "KeyboardInterrupt\n")
     assert name_cell(tb, script, "Cell In[4]") == tb.replace(f'File "{script}"', "Cell In[4]")
     dump = f'Thread 0x1 (most recent call first):\n  File "{script}", line 3 in <module>\n'
     assert name_cell(dump, script, "Cell In[4]", source) == \

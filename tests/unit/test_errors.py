@@ -40,7 +40,8 @@ def test_every_error_a_user_can_meet_is_an_nbddp_error_exported_from_nbddp():
     assert public
     assert [k for k, v in public.items() if not issubclass(v, NbddpError)] == []
     names = {k: k.rpartition(".")[2] for k in public}  # Interrupted calls itself KeyboardInterrupt
-    kinds_of_stuck = {k for k, v in public.items() if v is not nbddp.ForkserverStuck and issubclass(v, nbddp.ForkserverStuck)}
+    kinds_of_stuck = {k for k, v in public.items()
+                      if v is not nbddp.ForkserverStuck and issubclass(v, nbddp.ForkserverStuck)}
     missing = [k for k in public if k not in kinds_of_stuck
                and (getattr(nbddp, names[k], None) is not public[k] or names[k] not in nbddp.__all__)]
     assert missing == [] and "NbddpError" in nbddp.__all__

@@ -2,13 +2,17 @@
 process fails at once (tests/conftest.py), whether it starts one itself or through nbddp. The
 folder gives the marker: tests/kernel/ and tests/browser/ are ``kernel`` (browser ``browser``
 too), and a test in tests/unit/ marked ``kernel`` or using a kernel fixture, or a test file in
-no layer's folder, is refused before any test runs. (A test in tests/kernel/ that may start a
+no layer's folder, is refused before any test runs. The one allowance, ``starts_tool("ruff")``,
+starts ruff's own executable and nothing else. (A test in tests/kernel/ that may start a
 process: tests/kernel/test_kernel_layer.py.)"""
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ruff.__main__ import find_ruff_bin
 
 import conftest
 import nbddp
@@ -28,6 +32,34 @@ def test_an_unmarked_test_cannot_launch_ranks(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RuntimeError, match="is not marked `kernel`"):
         nbddp.run("pass", n=1, timeout=30)
+
+
+@pytest.mark.starts_tool("ruff")
+def test_a_test_allowed_ruff_may_start_ruff():
+    assert subprocess.run([find_ruff_bin(), "--version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.starts_tool("ruff")
+def test_the_ruff_allowance_starts_nothing_else(tmp_path, monkeypatch):
+    ruff = find_ruff_bin()
+    other = tmp_path / "ruff"  # another program of the same name
+    other.write_text("#!/bin/sh\nexit 0\n")
+    other.chmod(0o755)
+    for argv, shell in (([sys.executable, "-c", "pass"], False), ([str(other), "--version"], False),
+                        (f"{shlex.quote(ruff)} --version", True)):  # ruff, but through a shell
+        with pytest.raises(RuntimeError, match="is not marked `kernel`"):
+            subprocess.run(argv, shell=shell)
+    with pytest.raises(RuntimeError, match="is not marked `kernel`"):
+        os.system(f"{shlex.quote(ruff)} --version")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match="is not marked `kernel`"):
+        nbddp.run("pass", n=1, timeout=30)
+
+
+@pytest.mark.starts_tool("no-such-tool")
+def test_a_tool_name_not_in_the_table_allows_nothing():
+    with pytest.raises(RuntimeError, match="is not marked `kernel`"):
+        subprocess.run([find_ruff_bin(), "--version"])
 
 
 class Item:

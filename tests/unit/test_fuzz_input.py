@@ -19,8 +19,7 @@ import psutil
 import pytest
 
 from nbddp import DDPUsageError
-from nbddp.core import launchrules as rules
-from nbddp.core import linecommands
+from nbddp.core import launchrules as rules, linecommands
 from nbddp.core.spec import LaunchSpec
 from support.fuzz import SEED, random_line
 
@@ -28,7 +27,8 @@ CASES = int(os.environ.get("NBDDP_FUZZ_CASES", "3000"))
 BUDGET_S = 60.0  # each test's whole run; on 2 busy cores it takes a few seconds
 
 API_VALUES = [
-    None, True, False, 0, -1, 1, 2, 3, 2 ** 70, -(2 ** 70), 10 ** 400, 10 ** 5000, [10 ** 5000], 1.5, math.nan, math.inf, -math.inf, 1e-320, "", "x",
+    None, True, False, 0, -1, 1, 2, 3, 2 ** 70, -(2 ** 70), 10 ** 400, 10 ** 5000, [10 ** 5000], 1.5, math.nan,
+    math.inf, -math.inf, 1e-320, "", "x",
     "29500", "10", "\x00", "\ud800", "a" * 300, [], [1], ["a"], ["\x00"], (1, 2), (0, 99), {}, {"A": "1"},
     {"A": 1}, {"1": "x"}, {1: 2}, {"A": "\x00"}, {"A": "\udc80"}, [("A", "1")], [("A",)], object(), b"bytes",
     range(2), {1, 2}, "torchrun", "slurm", "local", "gloo", "text", "/etc/passwd", "~/x", "localhost",
@@ -46,21 +46,21 @@ def _r(value) -> str:
         return f"<{type(value).__name__} of over 4300 digits>"
 
 
-def _accepted_or_usage(call, what):
+def _accepted_or_usage(what, call, *args, **kwargs):
     try:
-        return call()
+        return call(*args, **kwargs)
     except DDPUsageError as exc:
         text = str(exc)
         assert text.startswith(("%%ddp", "%ddp_pool", "%ddp_export", "nbddp.run")), (what, text)
         assert len(text.splitlines()[0]) < 600, (what, text[:200])
         return None
-    except Exception as exc:  # noqa: BLE001 - what this test exists to catch
+    except Exception as exc:  # what this test exists to catch
         pytest.fail(f"seed {SEED}: {what} raised {type(exc).__name__}: {exc}")
 
 
 def _source_for(spec, what):
     if spec is not None:
-        _accepted_or_usage(lambda: rules.choose_source(spec), what)
+        _accepted_or_usage(what, rules.choose_source, spec)
 
 
 def _children() -> set[int]:
@@ -81,10 +81,10 @@ def test_random_ddp_lines_parse_or_are_refused_in_one_line(capsys):
     for _ in range(CASES):
         line = random_line(rng)
         what = f"%%ddp {line!r}"
-        spec = _accepted_or_usage(lambda: rules.parse_line(line), what)
+        spec = _accepted_or_usage(what, rules.parse_line, line)
         _source_for(spec, what)
         shape = LaunchSpec(nproc_per_node=2)  # a running pool's
-        _source_for(_accepted_or_usage(lambda: rules.parse_line(line, shape=shape), what), what)
+        _source_for(_accepted_or_usage(what, rules.parse_line, line, shape=shape), what)
     capsys.readouterr()  # -h printed the help
 
 
@@ -94,17 +94,16 @@ def test_random_pool_and_export_lines_parse_or_are_refused_in_one_line(capsys):
         line = random_line(rng)
         command = rng.choice(linecommands.POOL_COMMANDS + ("", "go", "start", "restart"))
         running, exists = rng.random() < 0.5, rng.random() < 0.5
-        _accepted_or_usage(lambda: linecommands.parse_pool_line(f"{command} {line}", running=running, exists=exists),
-                           f"%ddp_pool {command} {line!r}")
+        _accepted_or_usage(f"%ddp_pool {command} {line!r}", linecommands.parse_pool_line, f"{command} {line}",
+                           running=running, exists=exists)
         script = rng.choice(["x.py", "", "x", "a b.py", "\x00.py", "\ud800.py", "--slurm", "-n"])
         last = rng.choice([None, "", random_line(rng), "-n 2 -- --lr 1", "-n 2 'unclosed"])
         line = rng.choice([line, "", "--slurm", "--partition p --time 5"])  # the last cell's options
         with_cell = rng.random() < 0.5
         what = f"%ddp_export {shlex.quote(script)} {line!r} (last cell's line {last!r})"
-        got = _accepted_or_usage(lambda: linecommands.parse_export_line(f"{shlex.quote(script)} {line}", last, with_cell),
-                                 what)
+        got = _accepted_or_usage(what, linecommands.parse_export_line, f"{shlex.quote(script)} {line}", last, with_cell)
         if got is not None:
-            _source_for(_accepted_or_usage(lambda: rules.parse_line(got[1]), what), what)
+            _source_for(_accepted_or_usage(what, rules.parse_line, got[1]), what)
     capsys.readouterr()
 
 
@@ -114,10 +113,10 @@ def test_random_api_keyword_arguments_are_accepted_or_refused_in_one_line():
         options = {rng.choice(API_KEYS): rng.choice(API_VALUES) for _ in range(rng.randrange(0, 5))}
         n = rng.choice([None, None, 1, 2, 0, -1, True, 2.0, "2", 99999999999, 2 ** 70, 10 ** 5000])
         what = f"nbddp.run(n={_r(n)}, **{_r(options)})"
-        spec = _accepted_or_usage(lambda: rules.given_or_made(None, n, options), what)
+        spec = _accepted_or_usage(what, rules.given_or_made, None, n, options)
         _source_for(spec, what)
         if spec is not None:  # the spec the API was given checks the same way again
-            _accepted_or_usage(lambda: rules.given_or_made(spec), what)
+            _accepted_or_usage(what, rules.given_or_made, spec)
 
 
 def test_random_run_arguments_are_accepted_or_refused_in_one_line():
@@ -130,12 +129,12 @@ def test_random_run_arguments_are_accepted_or_refused_in_one_line():
     for _ in range(CASES):
         given = dict(args=(), kwargs=None, cwd=None, env_base=None, push=None, cell_label=None)
         given.update({rng.choice(names): rng.choice(API_VALUES) for _ in range(rng.randrange(1, 3))})
-        _accepted_or_usage(lambda: api._check_arguments(**given), f"nbddp.run(..., **{_r(given)})")
+        _accepted_or_usage(f"nbddp.run(..., **{_r(given)})", api._check_arguments, **given)
 
 
 def test_export_script_names_that_cannot_be_files_are_refused():
     for name in ("x\x00.py", "\udc80.py", "\ud800.py"):
         with pytest.raises(DDPUsageError, match="not a file name"):
             linecommands.parse_export_line(shlex.quote(name) + " -n 2", None, with_cell=True)
-        with pytest.raises(DDPUsageError, match="NUL|surrogate"):
+        with pytest.raises(DDPUsageError, match=r"NUL|surrogate"):
             rules.parse_line(f"--export {shlex.quote(name)}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 from pathlib import Path
+
 import support
 
 ROOT = support.ROOT / "nbddp"

@@ -20,7 +20,8 @@ from support.lessons import LESSONS, NOTEBOOK_FILES, NOTEBOOKS, build, executed
 def test_every_lesson_is_built_from_its_source_in_order():
     """One way to author: every notebook in notebooks/ has a source in notebooks/src/, 00 and 11 included."""
     assert LESSONS == NOTEBOOK_FILES, (LESSONS, NOTEBOOK_FILES)
-    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in range(len(LESSONS))], LESSONS  # numbered from 00, none skipped
+    # numbered from 00, none skipped
+    assert [name[:2] for name in LESSONS] == [f"{i:02d}" for i in range(len(LESSONS))], LESSONS
 
 
 RANK_STARTERS = re.compile(r"^%%ddp\s.*$|run_cell_magic\(\s*\"ddp\".*$|nbddp\.run\(.*$", re.M)
@@ -43,7 +44,10 @@ def test_an_exercise_has_a_place_to_try_a_folded_solution_and_a_check_that_says_
     hidden until opened (tag ``solution``; papermill runs it, so the lesson stays checked), then a
     check (tag ``check``) whose every assertion says in one line what is still wrong."""
     cells = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4).cells
-    tagged = lambda tag: [i for i, c in enumerate(cells) if tag in c.metadata.get("tags", [])]
+
+    def tagged(tag):
+        return [i for i, c in enumerate(cells) if tag in c.metadata.get("tags", [])]
+
     task = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("## Exercise")]
     (tried,), solution, (check,) = tagged("exercise"), tagged("solution"), tagged("check")
     assert task and task[0] < tried < min(solution) and max(solution) < check, (task, tried, solution, check)
@@ -139,7 +143,8 @@ def test_scrubbing_removes_what_belongs_to_the_machine():
     nb.cells[0].outputs = [nbformat.v4.new_output("display_data", data={"text/html": page, "text/plain": page})]
     shown = executed.scrub(nb).cells[0].outputs[0].data
     # in HTML the placeholders are text, not tags a browser drops with the path's start
-    assert shown["text/html"] == "<code>&lt;venv&gt;/lib/x.py</code> and <code>&lt;tmp&gt;/nbddp-XXXX/launch-1</code>", shown
+    assert shown["text/html"] == ("<code>&lt;venv&gt;/lib/x.py</code> and "
+                                  "<code>&lt;tmp&gt;/nbddp-XXXX/launch-1</code>"), shown
     assert shown["text/plain"] == "<code><venv>/lib/x.py</code> and <code><tmp>/nbddp-XXXX/launch-1</code>", shown
 
 

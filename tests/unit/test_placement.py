@@ -1,7 +1,7 @@
 """GPU placement rules, on CPU: the device count is passed in at the boundary (no torch mocking)."""
 import pytest
-from nbddp import DDPUsageError
 
+from nbddp import DDPUsageError
 from nbddp.core import placement
 from nbddp.core.envvars import rank_env
 from nbddp.core.launchrules import parse_line

@@ -11,9 +11,7 @@ import sys
 
 import pytest
 
-from nbddp.core import job as rankjob
-from nbddp.core import messages as msg
-from nbddp.core import placement
+from nbddp.core import job as rankjob, messages as msg, placement
 from nbddp.core.job import Cell, RankJob
 from nbddp.core.rankfiles import RankFiles
 from nbddp.core.spec import LaunchSpec

@@ -125,5 +125,7 @@ def test_input_prompts_do_not_hold_the_box_and_a_dead_rank_is_skipped():
 
 
 def test_the_view_line_names_who_is_at_the_prompt_and_who_waits():
-    assert asking_line(1, [0], msg.ASK_DEBUGGER) == "rank 1 is in the debugger (answer in the input box); rank 0 waits for it"
-    assert asking_line(0, [1, 2], msg.ASK_INPUT) == "rank 0 asks for input (answer in the input box); ranks 1–2 wait for it"
+    assert asking_line(1, [0], msg.ASK_DEBUGGER) == \
+        "rank 1 is in the debugger (answer in the input box); rank 0 waits for it"
+    assert asking_line(0, [1, 2], msg.ASK_INPUT) == \
+        "rank 0 asks for input (answer in the input box); ranks 1–2 wait for it"

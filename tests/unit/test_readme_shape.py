@@ -40,4 +40,5 @@ def test_command_and_comment_split():
     assert command_and_comment('pip install -e ".[lessons]"   # from a checkout: x') == (
         'pip install -e ".[lessons]"', "from a checkout: x")
     assert command_and_comment("bash scripts/demo.sh") == ("bash scripts/demo.sh", "")
-    assert command_and_comment("bash scripts/demo.sh     # the %%ddp demo") == ("bash scripts/demo.sh", "the %%ddp demo")
+    assert command_and_comment("bash scripts/demo.sh     # the %%ddp demo") == \
+        ("bash scripts/demo.sh", "the %%ddp demo")

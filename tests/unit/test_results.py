@@ -200,7 +200,8 @@ def test_status_files_confirm_renumber_restart_and_end_ranks(tmp_path):
     assert (res.ranks[0].state, res.ranks[0].cause) == (
         RankState.TERMINATED, "stopped by torchrun after another rank failed")
     assert events == [("rank_started", 2), ("rank_started", 2), ("rank_exited", 2), ("rank_exited", 1)]
-    assert DDPError(res).args[0].splitlines()[:2] == ["rank 2 failed", "rank 2: failed (ValueError: bad at cell line 4)"]
+    assert DDPError(res).args[0].splitlines()[:2] == ["rank 2 failed",
+                                                      "rank 2: failed (ValueError: bad at cell line 4)"]
 
 
 def test_a_rank_torchrun_stopped_after_a_peer_was_killed_is_not_called_killed_from_outside(tmp_path):

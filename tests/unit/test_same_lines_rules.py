@@ -67,8 +67,8 @@ def test_keys_can_carry_the_stream():
 
 # ---------------------------------------------- the all-ranks view and the transcript
 def _collector(n=4, same_lines="merge"):
-    from nbddp.core.result import RankResult, RunResult
     from nbddp.core.launchrules import make_spec
+    from nbddp.core.result import RankResult, RunResult
     from nbddp.core.states import RankState
     from nbddp.views.transcript import Collector
 

@@ -68,7 +68,7 @@ def test_the_export_writes_through_no_planted_link(tmp_path):
     target = tmp_path / "victim"
     target.write_text("keep")
     (tmp_path / "train.py").symlink_to(target)
-    with pytest.raises(DDPUsageError, match="train.py: it is a symbolic link"):
+    with pytest.raises(DDPUsageError, match=r"train\.py: it is a symbolic link"):
         export_cell(str(tmp_path / "train.py"), "print(1)\n", "-n 2", out=io.StringIO())
     assert target.read_text() == "keep"
 

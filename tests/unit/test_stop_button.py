@@ -7,8 +7,8 @@ import asyncio
 import signal
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 from ipykernel.kernelbase import Kernel as IPyKernel
+from IPython.core.interactiveshell import InteractiveShell
 
 from nbddp.magic import install_interrupt_line
 

@@ -293,8 +293,10 @@ def test_ranks_running_their_interrupt_handler_get_time_and_a_note():
     rec = Recorder()
     source = FakeRanks(plan={2: FakeRanks.sigint}, ignore={signal.SIGINT}, handlers={1})
     result = run(source, [rec])
-    assert [s[1:] for s in source.signals()] == [(signal.SIGINT, "interrupt", False), (signal.SIGTERM, "interrupt", True),
-                                                 (signal.SIGKILL, "interrupt", True), (signal.SIGKILL, "interrupt", False)]
+    assert [s[1:] for s in source.signals()] == [(signal.SIGINT, "interrupt", False),
+                                                 (signal.SIGTERM, "interrupt", True),
+                                                 (signal.SIGKILL, "interrupt", True),
+                                                 (signal.SIGKILL, "interrupt", False)]
     assert any(n.startswith("rank 1 still running the cell's interrupt handler") for n in rec.notes), rec.notes
     last = [c[2] for c in source.calls if c[0] == "signal"]
     assert 0.6 <= last[-1] - last[0] < 0.6 + 0.5  # HANDLER_LIMIT_S

@@ -56,7 +56,7 @@ def make_view(n=4, same_lines="apart", **spec):
 def server_drops(streams) -> bool:
     """jupyter_server's iopub data limiter over these writes (each write one message, at its time)."""
     window = []
-    for (name, text), t in zip(streams.messages, streams.times):
+    for (_name, text), t in zip(streams.messages, streams.times, strict=True):
         window = [(u, b) for u, b in window if u > t - SERVER_WINDOW_S] + [(t, stream_bytes(text) + 700)]
         if sum(b for _, b in window) / SERVER_WINDOW_S > SERVER_DATA_RATE:
             return True
@@ -79,7 +79,7 @@ def test_a_flood_is_paced_under_the_servers_limit_and_every_line_is_shown_or_sai
     view.launch_finished(result)
     assert not server_drops(streams)
     shown = {r: set() for r in range(4)}
-    for name, text in streams.messages:
+    for _name, text in streams.messages:
         for m in re.finditer(r"^\[rank(\d)\]:step (\d+)$", text, re.M):
             shown[int(m[1])].add(int(m[2]) + 1)          # line numbers count from 1, as in the log
     held = {r: set() for r in range(4)}

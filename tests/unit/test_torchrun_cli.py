@@ -6,8 +6,7 @@ import sys
 import pytest
 
 from nbddp import export
-from nbddp.core import diagnosis
-from nbddp.core import torchrun_cli
+from nbddp.core import diagnosis, torchrun_cli
 from nbddp.core.launch import Launch
 from nbddp.core.launchrules import parse_line
 from nbddp.sources.slurm import SlurmLaunch, node_script_text
@@ -99,7 +98,8 @@ def test_the_sbatch_job_runs_torchrun_with_the_jobs_node_count_and_endpoint():
     text = sbatch_text(s, "train.py", python="/py")
     assert '  "$PYTHON" -m torch.distributed.launch \\' in text.splitlines()
     assert f"  {SLURM_WORDS} --max-restarts=1 --tee=3 \\" in text.splitlines()
-    timed = sbatch_text(spec("--launcher torchrun --slurm --nnodes 2 -n 8 --rdzv-endpoint h:29400 --rdzv-timeout 29.2"), "train.py")
+    timed = sbatch_text(spec("--launcher torchrun --slurm --nnodes 2 -n 8 --rdzv-endpoint h:29400 --rdzv-timeout 29.2"),
+                        "train.py")
     assert '  "$PYTHON" -m torch.distributed.run \\' in timed.splitlines()
     assert f"  {SLURM_WORDS} --tee=3 --no-python \\" in timed.splitlines()
     assert '  "$PYTHON" -c "$run_by_lines" train.py' in timed.splitlines()
@@ -180,7 +180,8 @@ def test_agent_failure_is_its_last_error_line():
     log = "starting\nValueError: first\nusage: torchrun [-h]\ntorchrun: error: unrecognized arguments\nbye\n"
     assert diagnosis.agent_failure(log, 2, s, "/l/agent.log") == (
         "torchrun exited with code 2: torchrun: error: unrecognized arguments (torchrun's log: /l/agent.log)")
-    assert diagnosis.agent_failure("just this\n", 1, s, "/a") == "torchrun exited with code 1: just this (torchrun's log: /a)"
+    assert diagnosis.agent_failure("just this\n", 1, s, "/a") == \
+        "torchrun exited with code 1: just this (torchrun's log: /a)"
 
 
 def test_srun_errors_name_srun_as_the_failed_agent():

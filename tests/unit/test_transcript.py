@@ -2,9 +2,9 @@
 import html
 import re
 
-from nbddp.views import transcript
-from nbddp.core.result import FAILED, OK, RankResult, RunResult
 from nbddp.core.launchrules import make_spec
+from nbddp.core.result import FAILED, OK, RankResult, RunResult
+from nbddp.views import transcript
 
 
 def _result(n, states=None, log_dir="/tmp/logs"):
@@ -50,7 +50,8 @@ def test_text_and_html_carry_every_rank_status_and_output_with_stderr_distinct()
     # html: escaped, stderr in its own styled span, one section per rank, chips with states
     assert "Traceback &lt;bad&gt; &amp; more" in page and "<bad>" not in page
     assert re.search(r'<span class="nbddp-stderr" style="[^"]+">Traceback', page)
-    assert "hello from zero" in page and 'class="nbddp-stderr"' not in page.split("hello from zero")[0].split("<pre")[-1]
+    assert "hello from zero" in page
+    assert 'class="nbddp-stderr"' not in page.split("hello from zero")[0].split("<pre")[-1]
     assert page.count("<details") == 2
     assert "nbddp-chip nbddp-ok" in page and "nbddp-chip nbddp-failed" in page
     assert html.escape("ValueError: boom") in page
