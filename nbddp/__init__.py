@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 from nbddp.api import run
+from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError, NbddpError
-from nbddp.core.launchrules import make_spec, parse_line
+from nbddp.core.launchrules import make_spec
 from nbddp.core.result import DDPError, DDPTimeout, Interrupted, RankResult, RunResult
 from nbddp.core.spec import LaunchSpec
 from nbddp.forkserver.starter import ForkserverStuck

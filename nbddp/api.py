@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from nbddp.core import launchrules as rules
+from nbddp.core import launchrules as rules, optionvalues as values
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
@@ -68,7 +68,7 @@ def _check_arguments(args, kwargs, cwd, env_base, push, cell_label) -> None:
     """run()'s own arguments, each of the type it must have (DDPUsageError, not a TypeError from
     inside a launch)."""
     def refuse(name, takes, value):
-        raise DDPUsageError(f"nbddp.run: {name}= takes {takes}, got {rules._shown(value)}")
+        raise DDPUsageError(f"nbddp.run: {name}= takes {takes}, got {values.shown(value)}")
 
     if not isinstance(args, (tuple, list)):
         refuse("args", "a tuple of arguments", args)

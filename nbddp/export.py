@@ -12,8 +12,9 @@ import ipaddress
 import os
 import shlex
 
+from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError
-from nbddp.core.launchrules import check_cell, check_script_name, parse_line
+from nbddp.core.launchrules import check_cell, check_script_name
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.torchrun_cli import MASK, node_commands
 

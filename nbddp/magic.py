@@ -14,8 +14,8 @@ from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, 
 
 from nbddp import api
 from nbddp.core.cellnames import cell_label
+from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError
-from nbddp.core.launchrules import parse_line
 from nbddp.core.linecommands import parse_export_line, parse_pool_line
 from nbddp.core.result import Interrupted
 from nbddp.core.spec import LaunchSpec

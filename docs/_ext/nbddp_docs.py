@@ -2,7 +2,7 @@
 
 Directives (used in docs/reference/*.md and docs/tutorials/index.md):
 
-``{nbddp-options}``   every option of the ``%%ddp`` line parser (nbddp.core.launchrules.build_parser), which
+``{nbddp-options}``   every option of the ``%%ddp`` line parser (nbddp.core.ddpline.build_parser), which
                       ``%ddp_pool start|restart`` and ``%ddp_export`` parse too
 ``{nbddp-magics}``    the three magics' own usage and docstrings (nbddp.magic.DDPMagics, linecommands.POOL_USAGE)
 ``{nbddp-hints}``     every hint nbddp gives (nbddp.core.diagnosis.HINTS and the private-network hint),
@@ -170,7 +170,7 @@ class OptionsDirective(Directive):
     has_content = False
 
     def run(self):
-        from nbddp.core.launchrules import build_parser
+        from nbddp.core.ddpline import build_parser
 
         parser = build_parser()
         rows = []

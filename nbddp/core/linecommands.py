@@ -10,8 +10,10 @@ import os
 import shlex
 from dataclasses import dataclass
 
+from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError
-from nbddp.core.launchrules import _shown, check_pool_spec, check_script_name, parse_line
+from nbddp.core.launchrules import check_pool_spec, check_script_name
+from nbddp.core.optionvalues import shown as _shown
 from nbddp.core.spec import LaunchSpec
 
 POOL_USAGE = ("usage: %ddp_pool start [--all-cells] [%%ddp launch options] | status | restart | stop | "

@@ -49,11 +49,11 @@ def text_of(path: Path) -> str:
 
 
 def test_every_option_of_the_parser_is_on_the_options_page(site):
-    from nbddp.core import launchrules, linecommands
+    from nbddp.core import ddpline, linecommands
 
     page = site / "reference" / "options.html"
     text = text_of(page)
-    parser = launchrules.build_parser()
+    parser = ddpline.build_parser()
     missing = [s for s in parser._option_string_actions if not re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", text)]
     assert not missing, f"options the parser knows but {page.name} does not show: {missing}"
     for action in parser._actions:

@@ -12,7 +12,7 @@ import json
 import random
 
 from nbddp import DDPUsageError
-from nbddp.core import launchrules as rules
+from nbddp.core import ddpline
 from support.fuzz import SEED, random_line
 from support.kernel import Kernel
 
@@ -43,7 +43,7 @@ print("SEEN", json.dumps(seen))
 
 def _refused(line: str) -> bool:
     try:
-        rules.parse_line(line)
+        ddpline.parse_line(line)
     except DDPUsageError:
         return True
     return False

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError
-from nbddp.core.launchrules import parse_line
 
 ROOT = os.geteuid() == 0
 

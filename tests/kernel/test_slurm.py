@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from nbddp.core.launchrules import parse_line
+from nbddp.core.ddpline import parse_line
 from nbddp.sources.slurm_script import sbatch_text
 from support.helpers import alive, wait_until
 from support.kernel import Kernel

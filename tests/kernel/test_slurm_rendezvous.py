@@ -14,7 +14,7 @@ import sys
 import time
 
 from nbddp.core import torchrun_cli
-from nbddp.core.launchrules import parse_line
+from nbddp.core.ddpline import parse_line
 from nbddp.sources.slurm_script import sbatch_text
 
 JOB_ID = "4242"

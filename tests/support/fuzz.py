@@ -7,10 +7,10 @@ import os
 import random
 import shlex
 
-from nbddp.core import launchrules as rules
+from nbddp.core import ddpline
 
 SEED = int(os.environ.get("NBDDP_FUZZ_SEED", "37"))
-FLAGS = sorted({s for a in rules.build_parser()._actions for s in a.option_strings})
+FLAGS = sorted({s for a in ddpline.build_parser()._actions for s in a.option_strings})
 VALUES = [
     "", " ", "0", "-1", "1", "2", "4", "99999999999", "1e999", "-1e999", "nan", "inf", "1.5", "0x10", "1_0",
     "\u0663", "\x00", "\udc80", "\ud800", "a" * 300, "a" * 64 + ".b", "\u00e9.fr", "~", "~/x", "/", "/etc/passwd",

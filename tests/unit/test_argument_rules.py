@@ -12,7 +12,7 @@ import nbddp
 import support
 from nbddp import DDPUsageError
 from nbddp.core import launchrules as rules, linecommands, settings
-from nbddp.core.launchrules import parse_line
+from nbddp.core.ddpline import parse_line
 from nbddp.core.spec import LaunchSpec
 from nbddp.forkserver import tcpstore
 from nbddp.sources import rendezvous

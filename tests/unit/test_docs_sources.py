@@ -48,7 +48,7 @@ def test_the_architecture_page_names_every_module():
 
 def test_the_options_table_is_made_from_every_option_of_the_parser():
     import nbddp_docs
-    from nbddp.core.launchrules import build_parser
+    from nbddp.core.ddpline import build_parser
 
     parser = build_parser()
     rows = nbddp_docs.option_rows(parser)

@@ -15,7 +15,7 @@ from nbddp.core.errors import NbddpError
 
 ROOT = pathlib.Path(nbddp.__file__).parent
 # raised and caught inside one module, never seen by a user
-INTERNAL = {"nbddp.rank.asking._NotFirst", "nbddp.core.launchrules._HelpShown"}
+INTERNAL = {"nbddp.rank.asking._NotFirst", "nbddp.core.ddpline._HelpShown"}
 
 
 def _error_classes():

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from nbddp import DDPUsageError
-from nbddp.core import launchrules as rules, linecommands
+from nbddp.core import ddpline, launchrules as rules, linecommands
 from nbddp.core.spec import LaunchSpec
 from support.fuzz import SEED, random_line
 
@@ -81,10 +81,10 @@ def test_random_ddp_lines_parse_or_are_refused_in_one_line(capsys):
     for _ in range(CASES):
         line = random_line(rng)
         what = f"%%ddp {line!r}"
-        spec = _accepted_or_usage(what, rules.parse_line, line)
+        spec = _accepted_or_usage(what, ddpline.parse_line, line)
         _source_for(spec, what)
         shape = LaunchSpec(nproc_per_node=2)  # a running pool's
-        _source_for(_accepted_or_usage(what, rules.parse_line, line, shape=shape), what)
+        _source_for(_accepted_or_usage(what, ddpline.parse_line, line, shape=shape), what)
     capsys.readouterr()  # -h printed the help
 
 
@@ -103,7 +103,7 @@ def test_random_pool_and_export_lines_parse_or_are_refused_in_one_line(capsys):
         what = f"%ddp_export {shlex.quote(script)} {line!r} (last cell's line {last!r})"
         got = _accepted_or_usage(what, linecommands.parse_export_line, f"{shlex.quote(script)} {line}", last, with_cell)
         if got is not None:
-            _source_for(_accepted_or_usage(what, rules.parse_line, got[1]), what)
+            _source_for(_accepted_or_usage(what, ddpline.parse_line, got[1]), what)
     capsys.readouterr()
 
 
@@ -137,4 +137,4 @@ def test_export_script_names_that_cannot_be_files_are_refused():
         with pytest.raises(DDPUsageError, match="not a file name"):
             linecommands.parse_export_line(shlex.quote(name) + " -n 2", None, with_cell=True)
         with pytest.raises(DDPUsageError, match=r"NUL|surrogate"):
-            rules.parse_line(f"--export {shlex.quote(name)}")
+            ddpline.parse_line(f"--export {shlex.quote(name)}")

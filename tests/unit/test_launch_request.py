@@ -26,13 +26,13 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_spec_is_data_and_its_parser_rules_and_line_commands_live_apart():
-    from nbddp.core import launchrules, linecommands, spec
+    from nbddp.core import ddpline, launchrules, linecommands, spec
 
     assert "extra" not in {f.name for f in dataclasses.fields(spec.LaunchSpec)}  # nothing read it
     assert not any(name.startswith("nbddp") and name != "nbddp.core.spec"
                    for name in _imports(ROOT / "core" / "spec.py"))  # data: imports nothing of nbddp
     assert "argparse" not in (ROOT / "core" / "spec.py").read_text()
-    assert callable(launchrules.parse_line) and callable(launchrules.choose_source)
+    assert callable(ddpline.parse_line) and callable(launchrules.choose_source)
     assert callable(linecommands.parse_pool_line) and callable(linecommands.parse_export_line)
     assert not hasattr(launchrules, "parse_pool_line")
 

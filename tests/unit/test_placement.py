@@ -3,8 +3,8 @@ import pytest
 
 from nbddp import DDPUsageError
 from nbddp.core import placement
+from nbddp.core.ddpline import parse_line
 from nbddp.core.envvars import rank_env
-from nbddp.core.launchrules import parse_line
 
 
 def spec(line):

@@ -10,9 +10,9 @@ import stat
 import pytest
 
 from nbddp import DDPUsageError
+from nbddp.core.ddpline import parse_line
 from nbddp.core.envvars import HUB_TOKENS, rank_env
 from nbddp.core.launch import Launch
-from nbddp.core.launchrules import parse_line
 from nbddp.core.torchrun_cli import node_commands
 from nbddp.export import export_cell
 from nbddp.sources.slurm import SlurmLaunch

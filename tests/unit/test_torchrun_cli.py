@@ -7,8 +7,8 @@ import pytest
 
 from nbddp import export
 from nbddp.core import diagnosis, torchrun_cli
+from nbddp.core.ddpline import parse_line
 from nbddp.core.launch import Launch
-from nbddp.core.launchrules import parse_line
 from nbddp.sources.slurm import SlurmLaunch, node_script_text
 from nbddp.sources.slurm_script import sbatch_text
 from nbddp.sources.torchrun import ElasticLaunch
