@@ -5,7 +5,8 @@ import json
 import os
 
 import nbformat
-import papermill
+
+from support.helpers import run_with_papermill
 
 CELLS = [
     "%load_ext nbddp",
@@ -22,16 +23,10 @@ def _transcripts(cell):
 
 
 def test_papermill_notebook_has_per_rank_transcript_and_valid_widget_state(tmp_path):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    src, dst = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
-    nbformat.write(nb, str(src))
-    papermill.execute_notebook(str(src), str(dst), kernel_name="python3", cwd=str(tmp_path),
-                               progress_bar=False, request_save_on_cell_execute=False)
-    out = nbformat.read(str(dst), as_version=4)
+    out, dst = run_with_papermill(CELLS, tmp_path)
     nbformat.validate(out)
-    raw = json.loads(dst.read_text())
+    with open(dst) as f:
+        raw = json.load(f)
     widgets = raw["metadata"].get("widgets")
     if widgets is not None:  # GitHub refuses notebooks whose widget metadata lacks "state"
         state = widgets["application/vnd.jupyter.widget-state+json"]

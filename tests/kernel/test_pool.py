@@ -114,17 +114,10 @@ def test_interrupt_stops_the_cell_but_keeps_the_pool(pool_kernel):
     k = pool_kernel
     k.ok("%%ddp\ncounter = 41")
     pids = _pids(k)
-    msg_id = k.kc.execute("%%ddp\nimport time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.01)")
-    seen = {}
-
-    def on_output(reply):
-        if reply.stdout.count("looping") == 3 and "t" not in seen:
-            seen["t"] = time.monotonic()
-            k.km.interrupt_kernel()
-
-    reply = k.collect(msg_id, timeout=60, on_output=on_output)
+    reply, pressed = k.interrupted_when("%%ddp\nimport time\nprint('looping', flush=True)\nwhile True:\n"
+                                        "    time.sleep(0.01)", lambda r: r.stdout.count("looping") == 3)
     assert reply.error and reply.error["ename"] == "KeyboardInterrupt", reply
-    assert time.monotonic() - seen["t"] < 3.0
+    assert time.monotonic() - pressed < 3.0
     assert alive(pids) == pids  # the workers survived
     k.ok("%%ddp --pull counter@1\ncounter += 1")
     k.ok("assert counter == 42")

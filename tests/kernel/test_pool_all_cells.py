@@ -4,10 +4,7 @@ kernel; errors name the notebook's own line; the stop button stops the cell, not
 mode ends with ``all-cells off`` or the pool; papermill runs such a notebook as it is."""
 import time
 
-import nbformat
-import papermill
-
-from support.helpers import alive, wait_gone
+from support.helpers import alive, run_with_papermill, wait_gone
 
 POOL_PIDS = ("%%local\nimport json; _pool = type(get_ipython().find_magic('ddp_pool').__self__).pool\n"
              "print('PIDS', json.dumps([r.result.pid for r in _pool.ranks]))")
@@ -60,17 +57,10 @@ def test_the_stop_button_stops_an_all_cells_cell_and_keeps_the_pool(kernel):
     try:
         k.ok("counter = 41")
         pids = _pids(k)
-        msg_id = k.kc.execute("import time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.01)")
-        seen = {}
-
-        def on_output(reply):
-            if reply.stdout.count("looping") == 2 and "t" not in seen:
-                seen["t"] = time.monotonic()
-                k.km.interrupt_kernel()
-
-        reply = k.collect(msg_id, timeout=60, on_output=on_output)
+        reply, pressed = k.interrupted_when("import time\nprint('looping', flush=True)\nwhile True:\n"
+                                            "    time.sleep(0.01)", lambda r: r.stdout.count("looping") == 2)
         assert reply.error and reply.error["ename"] == "KeyboardInterrupt", reply
-        assert time.monotonic() - seen["t"] < 3.0
+        assert time.monotonic() - pressed < 3.0
         assert alive(pids) == pids
         assert "[rank1]:42" in k.ok("counter += 1\nprint(counter)").stdout
     finally:
@@ -90,13 +80,6 @@ def test_a_pool_stopped_from_python_ends_all_cells_in_one_line(kernel):
 def test_papermill_runs_an_all_cells_notebook(tmp_path):
     cells = ["%load_ext nbddp", "%ddp_pool start -n 2 --output text --all-cells",
              "import os\nrank = int(os.environ['RANK'])", "print('papermill rank', rank)", "%ddp_pool stop"]
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    src, dst = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
-    nbformat.write(nb, str(src))
-    papermill.execute_notebook(str(src), str(dst), kernel_name="python3", cwd=str(tmp_path),
-                               progress_bar=False, request_save_on_cell_execute=False)
-    out = nbformat.read(str(dst), as_version=4)
+    out, _ = run_with_papermill(cells, tmp_path)
     text = "".join(o.get("text", "") for o in out.cells[3].outputs)
     assert "papermill rank 0" in text and "papermill rank 1" in text, text

@@ -15,6 +15,22 @@ import urllib.request
 import psutil
 
 
+def run_with_papermill(cells: list[str], folder) -> tuple:
+    """A notebook of ``cells`` run by papermill in ``folder``, as CI runs the lessons: (the
+    executed notebook, the path of its saved copy)."""
+    import nbformat
+    import papermill
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src, dst = os.path.join(folder, "in.ipynb"), os.path.join(folder, "out.ipynb")
+    nbformat.write(nb, src)
+    papermill.execute_notebook(src, dst, kernel_name="python3", cwd=str(folder),
+                               progress_bar=False, request_save_on_cell_execute=False)
+    return nbformat.read(dst, as_version=4), dst
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (the OS's pick)."""
     with socket.socket() as s:

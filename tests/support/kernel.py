@@ -163,6 +163,21 @@ class Kernel:
                 text += msg["content"]["text"]
         return text
 
+    def interrupted_when(self, code: str, when, timeout: float = 60) -> tuple[Reply, float]:
+        """Run ``code`` and press the stop button the first time ``when(reply)`` holds for its
+        output so far: (its reply, the monotonic time of the interrupt)."""
+        msg_id = self.kc.execute(code)
+        pressed: list[float] = []
+
+        def on_output(reply):
+            if not pressed and when(reply):
+                pressed.append(time.monotonic())
+                self.km.interrupt_kernel()
+
+        reply = self.collect(msg_id, timeout=timeout, on_output=on_output)
+        assert pressed, f"the moment to interrupt never came: {reply.text[-2000:]}"
+        return reply, pressed[0]
+
     def ok(self, code: str, timeout: float = 120) -> Reply:
         """Execute and fail the test with the kernel's own error text if the cell raised."""
         reply = self.execute(code, timeout)
