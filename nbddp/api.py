@@ -9,6 +9,7 @@ comes back."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from nbddp.core import launchrules as rules, optionvalues as values
 from nbddp.core.errors import DDPUsageError
@@ -45,6 +46,8 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
                                pool_ready=pool is None or pool.ready, why_broken=getattr(pool, "why_broken", ""),
                                func=func is not None, push=bool(push), args=bool(args or kwargs),
                                own_env=cwd is not None or env_base is not None)
+    if kind == "pool" and spec.timeout is None and pool.cell_timeout is not None:
+        spec = replace(spec, timeout=pool.cell_timeout)  # the pool's --timeout, for every cell
     source = target if func is None else None
     if source is not None:
         rules.check_cell(source)

@@ -239,6 +239,7 @@ class LivePool:
 
     def __init__(self, spec: LaunchSpec, *, cwd: str | None = None, base_env: dict | None = None):
         self.spec = replace(spec, timeout=None, ranks_shown=None, push=(), pull=())
+        self.cell_timeout = spec.timeout  # the start's --timeout: each cell's, unless it gives one
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.state = STOPPED
@@ -356,6 +357,8 @@ class LivePool:
         up = time.time() - self.started_wall
         lines = [f"nbddp pool: {shape}, {self.state}; up {up:.0f} s, {self.cells_run} cells run, "
                  f"MASTER_PORT {self.master_port}, logs in {self.log_root}"]
+        if self.cell_timeout is not None:
+            lines.append(f"each cell times out after {self.cell_timeout:g} s unless it gives --timeout")
         if self.backend_note:
             lines.append(self.backend_note)
         if self.state == BROKEN:
