@@ -26,9 +26,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from kernel import Kernel  # noqa: E402
-
-import first_cell  # noqa: E402 - benchmarks/first_cell.py: the first cell after %load_ext
+import first_cell  # noqa: E402 - benchmarks/first_cell.py (the first cell after %load_ext), after the path
+from support.kernel import Kernel  # noqa: E402 - tests/support/kernel.py, on the path just above
 
 TRIVIAL = "pass"
 # (d) and (e): what a real training cell does. BODY is the part after the process group exists
@@ -176,7 +175,8 @@ class Bench:
     # ------------------------------------------------------------- peers
     def ddp_fresh(self, n):
         for case in self.cases:
-            self.measure(case, n, "ddp fresh", self.cell(f"%%ddp -n {n} --output text\n{CASES[case]}", mark=MARKS.get(case)))
+            cell = self.cell(f"%%ddp -n {n} --output text\n{CASES[case]}", mark=MARKS.get(case))
+            self.measure(case, n, "ddp fresh", cell)
         # the same cells back to back: the spares for the next cell are still being forked
         for case in ("trivial", "allreduce"):
             if case in self.cases:
@@ -234,7 +234,7 @@ class Bench:
 
     def accelerate(self, n):
         try:
-            import accelerate  # noqa: F401
+            import accelerate  # noqa: F401 - only: is it installed?
         except ImportError:
             self.put("allreduce", n, "accelerate", "not installed")
             return
@@ -255,7 +255,7 @@ class Bench:
             code = f"notebook_launcher(_acc_{case}, num_processes={n})"
             timed_cell = self.cell(code, kernel=self.acc, mark=MARKS.get(case))
 
-            def run():
+            def run(timed_cell=timed_cell):  # this case's cell
                 # notebook_launcher forks the (multi-threaded) kernel; a forked rank can hang.
                 # Such a run is reported as hung, its processes killed, never timed.
                 try:
@@ -263,7 +263,7 @@ class Bench:
                 except TimeoutError:
                     self.kill_forked_kernels()
                     self.acc.execute("pass", timeout=60)  # wait for the failed cell to end
-                    raise Hung()
+                    raise Hung() from None
             try:
                 self.measure(case, n, "accelerate", run)
             except Hung:
@@ -282,7 +282,7 @@ class Bench:
 
     def ipyparallel(self, n):
         try:
-            import ipyparallel  # noqa: F401
+            import ipyparallel  # noqa: F401 - only: is it installed?
         except ImportError:
             self.put("trivial", n, "ipyparallel", "not installed")
             return
@@ -312,12 +312,12 @@ class Bench:
             self.k.execute("_cluster is not None and _cluster.stop_cluster_sync()", timeout=120)
 
     def spawn(self, n):
-        self.k.ok(textwrap.dedent(f"""\
+        self.k.ok(textwrap.dedent("""\
             import multiprocess, socket
             def _spawn_job(rank, port, world, code):
                 import os
                 os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                exec(code, {{"__name__": "__main__"}})
+                exec(code, {"__name__": "__main__"})
             def _spawn_run(world, code):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
@@ -328,7 +328,8 @@ class Bench:
         reps = max(3, self.repeats // 2)
         for case in self.cases:
             if case != "trivial":
-                self.measure(case, n, "mp spawn", self.cell(f"_spawn_run({n}, {CASES[case]!r})", mark=MARKS.get(case)), repeats=reps, warmup=0)
+                cell = self.cell(f"_spawn_run({n}, {CASES[case]!r})", mark=MARKS.get(case))
+                self.measure(case, n, "mp spawn", cell, repeats=reps, warmup=0)
 
     def flood(self):
         n = 4
@@ -419,7 +420,8 @@ class Bench:
             self.k.shutdown()
 
 
-PEERS = ["ddp fresh", "ddp fresh, no pause", "ddp pool", "torchrun", "accelerate", "ipyparallel", "mp spawn", "local cell"]
+PEERS = ["ddp fresh", "ddp fresh, no pause", "ddp pool", "torchrun", "accelerate", "ipyparallel", "mp spawn",
+         "local cell"]
 
 
 def report(bench: Bench, path_md: str, path_png: str) -> str:
@@ -429,12 +431,17 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
     lines = [f"# nbddp benchmark — {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
              f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, load "
-             f"{load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}; Python {platform.python_version()}, torch {torch.__version__}",
+             f"{load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}; "
+             f"Python {platform.python_version()}, torch {torch.__version__}",
              "", "Median seconds per cell (min–max), and in brackets the ratio to `%%ddp` fresh "
              "(>1 = slower than %%ddp).", "",
              "| case | ranks | " + " | ".join(PEERS) + " |", "|---|---|" + "---|" * len(PEERS)]
     order = ["trivial", "allreduce", "prints", "ddp", "dataloader", "allreduce tail"]
-    for (case, n), peers in sorted(bench.rows.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else 99, kv[0][1])):
+    def row_order(kv):
+        (case, n), _ = kv
+        return order.index(case) if case in order else 99, n
+
+    for (case, n), peers in sorted(bench.rows.items(), key=row_order):
         base = peers.get("ddp fresh")
         cells = []
         for peer in PEERS:
@@ -471,13 +478,16 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
 
     def verdict(ok):
         return "MET" if ok else "MISSED"
-    fresh_b, acc_b, tr_b = med("allreduce", 4, "ddp fresh"), med("allreduce", 4, "accelerate"), med("allreduce", 4, "torchrun")
+    fresh_b, acc_b = med("allreduce", 4, "ddp fresh"), med("allreduce", 4, "accelerate")
+    tr_b = med("allreduce", 4, "torchrun")
     if fresh_b and acc_b:
-        lines.append(f"- fresh init+all_reduce ≤ 0.5× accelerate: {fresh_b / acc_b:.2f}× → {verdict(fresh_b <= 0.5 * acc_b)}")
+        lines.append(f"- fresh init+all_reduce ≤ 0.5× accelerate: {fresh_b / acc_b:.2f}× → "
+                     f"{verdict(fresh_b <= 0.5 * acc_b)}")
     else:
         lines.append("- fresh init+all_reduce vs accelerate: accelerate not measured")
     if fresh_b and tr_b:
-        lines.append(f"- fresh init+all_reduce ≥ 20× faster than torchrun: {tr_b / fresh_b:.1f}× → {verdict(tr_b >= 20 * fresh_b)}")
+        lines.append(f"- fresh init+all_reduce ≥ 20× faster than torchrun: {tr_b / fresh_b:.1f}× → "
+                     f"{verdict(tr_b >= 20 * fresh_b)}")
     fresh_d, acc_d = med("ddp", 4, "ddp fresh"), med("ddp", 4, "accelerate")
     if fresh_d and acc_d:
         lines.append(f"- (d) fresh DDP cell ≤ 0.25× accelerate and ≤ 0.5 s: {fresh_d:.3f} s, "
@@ -489,7 +499,8 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
         lines.append("- (b) p95 of the fresh-cell tail ≤ 2× its median: NOT CHECKED (tail not measured)")
     else:
         lines.append(f"- (b) p95 of {tail['n']} fresh cells ≤ 2× their median: {tail['p95']:.3f} s vs "
-                     f"{tail['median']:.3f} s = {tail['p95'] / tail['median']:.2f}× → {verdict(tail['p95'] <= 2 * tail['median'])}")
+                     f"{tail['median']:.3f} s = {tail['p95'] / tail['median']:.2f}× → "
+                     f"{verdict(tail['p95'] <= 2 * tail['median'])}")
     first_d = bench.first.get(("ddp", 4), {}).get("ddp fresh")
     if not first_d:
         lines.append("- first output of a fresh DDP cell ≤ 0.5 s: NOT CHECKED (case ddp not measured)")
@@ -504,13 +515,16 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
         lines.append("- the first cell after %load_ext shows its status ≤ 0.3 s: NOT CHECKED (not measured)")
     pool_a, px_a = med("trivial", 4, "ddp pool"), med("trivial", 4, "ipyparallel")
     if pool_a and px_a:
-        lines.append(f"- pool trivial cell ≤ 0.5× ipyparallel %%px: {pool_a:.4f} s vs {px_a:.4f} s = {pool_a / px_a:.2f}× → {verdict(pool_a <= 0.5 * px_a)}")
+        lines.append(f"- pool trivial cell ≤ 0.5× ipyparallel %%px: {pool_a:.4f} s vs {px_a:.4f} s = "
+                     f"{pool_a / px_a:.2f}× → {verdict(pool_a <= 0.5 * px_a)}")
     else:
-        lines.append("- pool trivial cell vs ipyparallel: NOT CHECKED (" + ("case trivial not measured" if "trivial" not in getattr(bench, "cases", ["trivial"]) else
-                                                          "pool: not available" if not pool_a else "ipyparallel not measured") + ")")
+        why = ("case trivial not measured" if "trivial" not in getattr(bench, "cases", ["trivial"]) else
+               "pool: not available" if not pool_a else "ipyparallel not measured")
+        lines.append(f"- pool trivial cell vs ipyparallel: NOT CHECKED ({why})")
     fl, lo = med("prints", 4, "ddp fresh"), med("prints", 4, "local cell")
     if fl and lo:
-        lines.append(f"- 4×{PRINTS} lines all delivered (checked) and ≤ 2× a local cell: {fl / lo:.2f}× → {verdict(fl <= 2 * lo)}")
+        lines.append(f"- 4×{PRINTS} lines all delivered (checked) and ≤ 2× a local cell: {fl / lo:.2f}× → "
+                     f"{verdict(fl <= 2 * lo)}")
     tr = getattr(bench, "train", None)
     if tr:
         ratio = tr["ddp"] / tr["torchrun"]
@@ -538,13 +552,14 @@ def plot(bench, path):
     cases = [c for c in ("trivial", "allreduce", "ddp", "dataloader") if any(k[0] == c for k in bench.rows)]
     fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4.5), squeeze=False)
     axes = axes[0]
-    for ax, case in zip(axes, cases):
+    for ax, case in zip(axes, cases, strict=True):
         ns = sorted({n for (c, n) in bench.rows if c == case})
         peers = [p for p in PEERS if any(isinstance(bench.rows[(case, n)].get(p), dict) for n in ns)]
         width = 0.8 / max(1, len(peers))
         for i, peer in enumerate(peers):
-            xs = [j + i * width for j, n in enumerate(ns) if isinstance(bench.rows[(case, n)].get(peer), dict)]
-            ys = [bench.rows[(case, n)][peer]["median"] for n in ns if isinstance(bench.rows[(case, n)].get(peer), dict)]
+            measured = [(j, n) for j, n in enumerate(ns) if isinstance(bench.rows[(case, n)].get(peer), dict)]
+            xs = [j + i * width for j, n in measured]
+            ys = [bench.rows[(case, n)][peer]["median"] for j, n in measured]
             ax.bar(xs, ys, width, label=peer)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ns))], [f"{n} ranks" for n in ns])
         ax.set_yscale("log")

@@ -1,6 +1,6 @@
 """A class on one server: K students each run the same lessons at the same moment, as a class
 does on a JupyterHub node (under papermill, so each lesson runs in a kernel of its own). Not
-part of the CI suite (tests/test_class_load.py runs a small version of it).
+part of the CI suite (tests/kernel/test_class_load.py runs a small version of it).
 
     .venv/bin/python benchmarks/class_load.py                      # 8 students, lessons 00-05
     .venv/bin/python benchmarks/class_load.py --kernels 2 --lessons 00,01 --private
@@ -11,9 +11,9 @@ in order. It checks that every lesson passed for every student (the lessons' own
 assert their results, so ranks that met another kernel's store would fail them), that with
 ``--private`` each kernel's ranks were in a network namespace of their own (a cell added after
 the lesson's ``%load_ext`` and one at its end print it and the time; two kernels may see the
-same number only one after the other, as the kernel frees it when it ends), and that nothing was left afterwards: no process of any
-kernel, no log folder, no pushed file. It prints
-each lesson's solo time next to its times under load, and exits 1 if any check failed.
+same number only one after the other, as the kernel frees it when it ends), and that nothing was left afterwards: no
+process of any kernel, no log folder, no pushed file. It prints each lesson's solo time next to its times under load,
+and exits 1 if any check failed.
 
 Different users (``--users``, as root): each student's kernel runs as a user of its own
 (``nbddp-student0``, ... created for the run and removed after it), as on a JupyterHub node. The
@@ -93,7 +93,7 @@ def student(lessons: list[str], out_dir: str) -> None:
         try:
             papermill.execute_notebook(src, dst, kernel_name=KERNEL, cwd=work, progress_bar=False,
                                        request_save_on_cell_execute=False, execution_timeout=600)
-        except Exception as exc:  # noqa: BLE001 - reported, the next lesson still runs
+        except Exception as exc:  # reported, the next lesson still runs
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         elapsed = time.monotonic() - started
         seen = []

@@ -77,7 +77,7 @@ def main():
             try:
                 os.close(r)
                 child(name, w)
-            except BaseException as exc:  # noqa: BLE001 - shown by the parent
+            except BaseException as exc:  # shown by the parent
                 os.write(w, json.dumps({"error": repr(exc)}).encode())
             finally:
                 os._exit(0)

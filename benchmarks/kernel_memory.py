@@ -19,7 +19,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from kernel import Kernel  # noqa: E402
+from support.kernel import Kernel  # noqa: E402 - tests/support/kernel.py, on the path just above
 
 CELL = "%%ddp -n {n} --output text\nprint('first line', flush=True)"
 PROBE = "import sys, json; print(json.dumps({'torch': 'torch' in sys.modules}))"

@@ -31,7 +31,7 @@ def _wrap(owner, name, label):
 
 
 # (module, class or None, attribute, label): the launch steps wrapped, where the launch looks
-# them up (a name imported into a module is wrapped there). tests/test_unit_benchmarks.py checks
+# them up (a name imported into a module is wrapped there). tests/unit/test_benchmark_plumbing.py checks
 # that each still exists, so a renamed step fails a test instead of the benchmark's profile.
 STEPS = [
     ("nbddp.core.launchrules", None, "check_cell", "compile"),

@@ -23,7 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from kernel import Kernel  # noqa: E402
+from support.kernel import Kernel  # noqa: E402 - tests/support/kernel.py, on the path just above
 
 CELL = """import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -84,7 +84,7 @@ def main() -> None:
         print(f"TorchTrainer: not measured ({type(exc).__name__}: {exc}; it needs ray[train])")
     times: dict[str, list[float]] = {name: [] for name in cases}
     try:
-        for name, code in cases.items():  # warm-up
+        for code in cases.values():  # warm-up
             timed(kernel, code)
         for _ in range(args.repeats):
             for name, code in cases.items():

@@ -11,7 +11,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "_ext"))
 sys.path.insert(0, os.path.dirname(HERE))  # nbddp from this checkout
 
-import nbddp  # noqa: E402
+import nbddp  # noqa: E402 - this checkout's, on the path just above
 
 project = "nbddp"
 author = "the nbddp authors"
@@ -41,7 +41,7 @@ autodoc_typehints = "none"      # signatures as written; the docstrings say what
 autodoc_member_order = "bysource"
 
 nitpicky = True
-smartquotes = False  # messages and hints are shown as nbddp prints them (tests/test_docs.py finds them)
+smartquotes = False  # messages and hints are shown as nbddp prints them (tests/kernel/test_docs.py finds them)
 
 html_theme = "furo"
 html_title = f"nbddp {release}"

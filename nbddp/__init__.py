@@ -5,21 +5,23 @@
 from __future__ import annotations
 
 from nbddp.api import run
-from nbddp.pool import Pool
+from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError, NbddpError
+from nbddp.core.launchrules import make_spec
 from nbddp.core.result import DDPError, DDPTimeout, Interrupted, RankResult, RunResult
+from nbddp.core.spec import LaunchSpec
 from nbddp.forkserver.starter import ForkserverStuck
 from nbddp.kernel.pulling import PullError
+from nbddp.pool import Pool
 from nbddp.rank.nostdin import NoDebugger, NoStdin
+from nbddp.rank.release import Released
 from nbddp.rank.user_rendezvous import RendezvousError
-from nbddp.core.launchrules import make_spec, parse_line
-from nbddp.core.spec import LaunchSpec
 
 __all__ = ["run", "backend", "can_answer", "Pool", "RankResult", "RunResult", "LaunchSpec", "make_spec",
            "parse_line", "load_ipython_extension", "unload_ipython_extension",
            # every error a user can meet, all under NbddpError (nbddp/core/errors.py)
            "NbddpError", "DDPUsageError", "DDPError", "DDPTimeout", "PullError", "Interrupted",
-           "ForkserverStuck", "RendezvousError", "NoStdin", "NoDebugger"]
+           "ForkserverStuck", "RendezvousError", "NoStdin", "NoDebugger", "Released"]
 __version__ = "0.1.0"
 
 
@@ -48,8 +50,7 @@ _hooks: list = []  # (event, callback) this extension registered with IPython
 
 
 def load_ipython_extension(ipython) -> None:
-    from nbddp.forkserver import starter
-    from nbddp.forkserver import storehost
+    from nbddp.forkserver import starter, storehost
     from nbddp.kernel import frontend_probe
     from nbddp.magic import DDPMagics, install_interrupt_line
     from nbddp.views.startnote import StartNote
@@ -94,6 +95,9 @@ def _say_who_can_connect() -> None:
 
 
 def unload_ipython_extension(ipython) -> None:
+    from nbddp.kernel import allcells
+
+    allcells.off(ipython)
     for event, hook in _hooks:
         try:
             ipython.events.unregister(event, hook)

@@ -1,17 +1,17 @@
 """The Python API under the magic: ``nbddp.run(source_or_callable, n=4, ...)``.
 
-Every launch comes through here, from ``%%ddp`` (nbddp/magic.py parses its line and calls
-``run``), from ``nbddp.Pool.run`` and from scripts and tests: the options become a LaunchSpec and
-every rule is checked (nbddp/core/launchrules.py: a DDPUsageError, a ValueError, before anything
-starts); ``launchrules.choose_source`` names the process source, ``SOURCES`` (the one table:
-fresh local ranks, the running pool, torchrun's agent, Slurm, Ray) maps the name to its
-``run(launch)``; the sinks are built once (nbddp/views/choose.py), the request once
-(nbddp/core/launch.py); the RunResult comes back."""
+Every launch comes through here (``%%ddp`` via nbddp/magic.py, ``nbddp.Pool.run``, scripts and
+tests): the options become a LaunchSpec whose rules are checked before anything starts
+(nbddp/core/launchrules.py: a DDPUsageError); ``launchrules.choose_source`` names the process
+source and ``SOURCES``, the one table, maps it to its ``run(launch)``; the sinks
+(nbddp/views/choose.py) and the request (nbddp/core/launch.py) are built once; the RunResult
+comes back."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
-from nbddp.core import launchrules as rules
+from nbddp.core import launchrules as rules, optionvalues as values
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
@@ -47,6 +47,8 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
                                pool_ready=pool is None or pool.ready, why_broken=getattr(pool, "why_broken", ""),
                                func=func is not None, push=bool(push), args=bool(args or kwargs),
                                own_env=cwd is not None or env_base is not None)
+    if kind == "pool" and spec.timeout is None and pool.cell_timeout is not None:
+        spec = replace(spec, timeout=pool.cell_timeout)  # the pool's --timeout, for every cell
     source = target if func is None else None
     if source is not None:
         rules.check_cell(source)
@@ -70,7 +72,7 @@ def _check_arguments(args, kwargs, cwd, env_base, push, cell_label) -> None:
     """run()'s own arguments, each of the type it must have (DDPUsageError, not a TypeError from
     inside a launch)."""
     def refuse(name, takes, value):
-        raise DDPUsageError(f"nbddp.run: {name}= takes {takes}, got {rules._shown(value)}")
+        raise DDPUsageError(f"nbddp.run: {name}= takes {takes}, got {values.shown(value)}")
 
     if not isinstance(args, (tuple, list)):
         refuse("args", "a tuple of arguments", args)

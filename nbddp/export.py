@@ -15,9 +15,10 @@ import os
 import shlex
 
 from nbddp.core import rayjob
-from nbddp.core.launchrules import check_cell, check_script_name, parse_line
-from nbddp.core.spec import LaunchSpec
+from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError
+from nbddp.core.launchrules import check_cell, check_script_name
+from nbddp.core.spec import LaunchSpec
 from nbddp.core.torchrun_cli import MASK, node_commands
 
 

@@ -1,26 +1,30 @@
 """The IPython side: ``%%ddp``, ``%ddp_pool`` and ``%ddp_export``. Each parses its line
-(nbddp/core/launchrules.py, nbddp/core/linecommands.py), calls the API (nbddp/api.py: ``run``, ``Pool``, nbddp/export.py), stores
-the result as ``_ddp``, moves ``--push``/``--pull`` values, and raises: a rank's failure as
+(nbddp/core/launchrules.py, nbddp/core/linecommands.py), calls the API (nbddp/api.py: ``run``, ``Pool``,
+nbddp/export.py), stores the result as ``_ddp``, moves ``--push``/``--pull`` values, and raises: a rank's failure as
 DDPError, bad input as IPython's UsageError (one line; the only place nbddp raises it)."""
 from __future__ import annotations
 
 import ast
 import contextlib
 import inspect
+from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 
 from nbddp import api
-from nbddp.kernel import pulling
-from nbddp.sources import supervisor
 from nbddp.core.cellnames import cell_label
+from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError
-from nbddp.core.result import Interrupted
-from nbddp.core.launchrules import parse_line
 from nbddp.core.linecommands import parse_export_line, parse_pool_line
+from nbddp.core.result import Interrupted
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState
+from nbddp.kernel import allcells, pulling
+from nbddp.sources import supervisor
+
+if TYPE_CHECKING:
+    from nbddp.pool import Pool  # imported where a pool starts: the extension loads without it
 
 
 @contextlib.contextmanager
@@ -37,26 +41,41 @@ def _shown_as_usage_error():
 class DDPMagics(Magics):
     """``%%ddp [options] [-- script args]``: run the cell as a torchrun-style job."""
 
-    pool = None
-    last_cell = None  # (line, cell) of the last %%ddp cell, for %ddp_export
+    pool: Pool | None = None
+    last_cell: tuple[str, str] | None = None  # (line, cell) of the last %%ddp cell, for %ddp_export
 
     @cell_magic
     def ddp(self, line: str, cell: str):
+        return self._run(line, cell, magic_line=True)
+
+    @cell_magic
+    def ddp_all_cells(self, line: str, cell: str):
+        """What ``%ddp_pool start --all-cells`` puts before each cell of code (nbddp/kernel/
+        allcells.py): the cell on the pool, as ``%%ddp`` with the pool's options; the notebook
+        shows no magic line, so none is counted in the cell's line numbers."""
+        if self.pool is None or self.pool.state == PoolState.STOPPED:
+            allcells.off(self.shell)
+            raise UsageError("%ddp_pool: the pool has stopped, so cells run in the kernel again "
+                             "(all-cells off); this cell did not run: run it again to run it here, "
+                             "or %ddp_pool start -n N --all-cells")
+        return self._run(line, cell, magic_line=False)
+
+    def _run(self, line: str, cell: str, magic_line: bool):
         try:
             with _shown_as_usage_error():
-                return self._ddp(line, cell)
+                return self._ddp(line, cell, magic_line)
         except KeyboardInterrupt as exc:  # one line, not a traceback through nbddp
             if isinstance(exc, Interrupted):
                 raise
             raise Interrupted("nbddp: interrupted; no rank is running") from None
 
-    def _ddp(self, line: str, cell: str):
+    def _ddp(self, line: str, cell: str, magic_line: bool = True):
         pool = self.pool if (self.pool is not None and self.pool.state != PoolState.STOPPED) else None
         spec = parse_line(line, shape=pool.spec if pool is not None else None)
         if spec is None:  # -h
             return None
         # The magic's own line stays line 1, so line numbers match what the notebook shows.
-        source = f"# %%ddp {line.strip()}\n{cell}"
+        source = f"# %%ddp {line.strip()}\n{cell}" if magic_line else cell
         label = cell_label(getattr(self.shell, "execution_count", None))  # tracebacks say "Cell In[N]"
         try:
             result = api.run(source, spec=spec, pool=pool, shell=self.shell, push=self._pushed(spec),
@@ -87,9 +106,19 @@ class DDPMagics(Magics):
             export.export_cell(path, cell if cell is not None else last[1], options)
         return None
 
+    @cell_magic
+    def local(self, line: str, cell: str):
+        """``%%local``: this cell runs in the kernel while every other runs on the pool
+        (``--all-cells``; the transformer drops the line then). Without it, cells run in the
+        kernel anyway, and so does this one."""
+        if line.strip():
+            raise UsageError(f"%%local takes no options, got {line.strip()!r}")
+        self.shell.run_cell(cell, store_history=False)
+
     @line_magic
     def ddp_pool(self, line: str):
-        """``%ddp_pool start -n 4 [options]`` · ``status`` · ``restart [options]`` · ``stop``."""
+        """``%ddp_pool start -n 4 [--all-cells] [options]`` · ``status`` · ``restart [options]`` ·
+        ``stop`` · ``all-cells on|off`` (every cell on the pool, as ipyparallel's ``%autopx``)."""
         from nbddp.pool import Pool
 
         pool = self.pool
@@ -98,17 +127,33 @@ class DDPMagics(Magics):
                                     running=pool is not None and pool.state in (PoolState.IDLE, PoolState.BUSY))
             if order.help_only:
                 return None
+            if order.command == "all-cells":
+                self._all_cells(order.all_cells)
+                return None
             if order.command == "stop" or order.spec is not None:
                 if pool is not None:
                     pool.stop()  # restart with new options, a broken one, or stop
                 if order.command == "stop":
                     print("nbddp pool: stopped")
+                    self._all_cells(False, quiet=not allcells.is_on())
                     return None
                 type(self).pool = Pool(order.spec).start()
             elif order.command == "restart":
                 pool.restart()
             print(self.pool.status() if self.pool is not None else "nbddp pool: none started")
+            if order.all_cells:
+                self._all_cells(True)
         return None
+
+    def _all_cells(self, on: bool | None, quiet: bool = False) -> None:
+        if on:
+            allcells.on(self.shell)
+            print("nbddp pool: every cell now runs on the pool's ranks (a cell that begins with %%local, "
+                  "another magic or ! runs in the kernel; %ddp_pool all-cells off ends it)")
+        else:
+            allcells.off(self.shell)
+            if not quiet:
+                print("nbddp pool: cells run in the kernel again")
 
     # ------------------------------------------------------------- helpers
     def _pushed(self, spec: LaunchSpec) -> dict:
@@ -142,7 +187,7 @@ def install_interrupt_line(shell) -> None:
             original_pre()
 
     async def do_execute(code, *args, **kwargs):
-        ours = isinstance(code, str) and code.lstrip().startswith("%%ddp")
+        ours = isinstance(code, str) and (code.lstrip().startswith("%%ddp") or allcells.goes_to_pool(code))
         early = None
         if not ours and supervisor.restore_sigint_early():
             early = _InterruptFirst(shell)
@@ -155,7 +200,7 @@ def install_interrupt_line(shell) -> None:
             if early is not None:
                 early.remove()
 
-    do_execute._nbddp = True
+    do_execute._nbddp = True  # type: ignore[attr-defined]  # marks nbddp's wrapper (never wrapped twice)
     kernel.pre_handler_hook = pre_handler_hook
     kernel.do_execute = do_execute
 

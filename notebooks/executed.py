@@ -2,12 +2,13 @@
 
     python notebooks/executed.py                          # runs every lesson under papermill (about 5 min on 2 cores)
     python notebooks/executed.py 03_p2p_and_collectives   # ... or only these
-    python notebooks/executed.py --from artifacts/notebooks   # reuse the copies tests/test_notebooks.py just executed
+    # reuse the copies tests/kernel/test_notebooks.py just executed:
+    python notebooks/executed.py --from artifacts/notebooks
 
 GitHub and nbviewer show a notebook's outputs: the plots, the ranks' transcripts, the results. A
 copy is scrubbed of what belongs to the machine that ran it (its folders, home, interpreter, host
 name, process ids) and of papermill's timings, so it reads the same wherever it was made.
-tests/test_notebooks.py checks that every lesson has a copy of its current cells, with no machine
+tests/unit/test_lesson_sources.py checks that every lesson has a copy of its current cells, with no machine
 path in it.
 """
 from __future__ import annotations
@@ -29,7 +30,8 @@ DOCS = os.path.join(ROOT, "docs", "lessons")
 KERNEL = "nbddp-lessons"
 
 # A lesson runs in a scratch folder (papermill's cwd): the paths under it are the lesson's own.
-SCRATCH = re.compile(r"(?:/private)?(?:/tmp|/var/tmp|/var/folders/[^\s'\"]+?/T)/(?:pytest-of-[^/\s]+/pytest-\d+/[^/\s'\"]+|"
+SCRATCH = re.compile(r"(?:/private)?(?:/tmp|/var/tmp|/var/folders/[^\s'\"]+?/T)/"
+                     r"(?:pytest-of-[^/\s]+/pytest-\d+/[^/\s'\"]+|"
                      r"nbddp-lessons-[^/\s'\"]+/lesson-\d\d)(?=[/\s'\")\],:]|$)")
 TEMP = re.compile(r"(?:/private)?(?:/tmp|/var/tmp|/var/folders/[^\s'\"]+?/T)(?=/)")
 PIDS = [(re.compile(r"\.nbddp-\d+"), ".nbddp-PID"), (re.compile(r"\b(pid|kernel|PID)[ =](\d{2,})\b"), r"\1 PID"),
@@ -71,7 +73,7 @@ class ExerciseCheckError(AssertionError):
 
 
 def execute(src: str, dst: str, kernel_name: str, cwd: str, source: str | None = None) -> None:
-    """Run one lesson headless, as tests/test_notebooks.py and this script do: under papermill, with
+    """Run one lesson headless, as tests/kernel/test_notebooks.py and this script do: under papermill, with
     its exercise check tried on the exercise as given and on each of its source's mistakes
     (notebooks/lessonrun.py); a check that does not fail on those raises ExerciseCheckError.
     ``source``: the lesson's source, when not notebooks/src/NAME.py."""
@@ -130,7 +132,8 @@ def scrub(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """The executed notebook without machine paths, process ids or timings."""
     nb.metadata.pop("papermill", None)
     nb.metadata.pop("nbddp", None)  # the exercise probes' outcome (notebooks/lessonrun.py): a test's, not a reader's
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}  # not the runner's
+    # not the runner's
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     for cell in nb.cells:
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)
@@ -169,7 +172,8 @@ def main(argv: list[str]) -> int:
         source, argv = argv[1], argv[2:]
     if argv:
         names = [n for n in names if n[:-6] in argv or n in argv]
-    with tempfile.TemporaryDirectory(prefix="nbddp-lessons-") as tmp, interpreter_kernel(os.path.join(tmp, "jupyter")) as kernel:
+    with (tempfile.TemporaryDirectory(prefix="nbddp-lessons-") as tmp,
+          interpreter_kernel(os.path.join(tmp, "jupyter")) as kernel):
         for name in names:
             executed = os.path.join(source, name) if source else os.path.join(tmp, name)
             if not source:

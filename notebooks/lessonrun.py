@@ -18,9 +18,9 @@ from __future__ import annotations
 import re
 
 import nbformat
+from nbclient.exceptions import CellExecutionError
 from papermill.clientwrap import PapermillNotebookClient
 from papermill.engines import NBClientEngine, papermill_engines
-from nbclient.exceptions import CellExecutionError
 from traitlets import List
 
 ENGINE = "nbddp-lesson"

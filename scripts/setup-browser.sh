@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What tests/test_browser.py needs: Debian's chromium (never a downloaded browser) and, in .venv,
+# What tests/browser/test_browser.py needs: Debian's chromium (never a downloaded browser) and, in .venv,
 # JupyterLab, Notebook 7 (the browser test reopens a notebook there too) and playwright (with torch
 # pinned so nothing can replace it). Idempotent and quiet.
 # Changes only what it must: the apt packages above, and .venv.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the tests need, then run the whole suite (9-17 minutes on 2 cores by the machine, three files at a time;
-# `pytest -m "not kernel"` alone runs the pure tests in seconds).
+# `pytest -m "not kernel"`, or `pytest tests/unit`, alone runs the pure tests in seconds).
 # What it changes on the machine: .venv (torch, nbddp, the test extras, JupyterLab, playwright);
 # as root, Debian's chromium without its recommended packages (scripts/setup-browser.sh) and
 # Debian's slurm-wlm + munge (scripts/setup-slurm.sh). The Slurm daemons it starts (on this
@@ -12,12 +12,12 @@ bash scripts/setup-venv.sh test
 if [ -x scripts/setup-browser.sh ]; then bash scripts/setup-browser.sh; fi
 slurm_was_up=""
 if [ -f /run/slurmctld.pid ] && kill -0 "$(cat /run/slurmctld.pid)" 2>/dev/null; then slurm_was_up=1; fi
-# a real Slurm on this machine for tests/test_slurm.py (returns at once when it already runs);
+# a real Slurm on this machine for tests/kernel/test_slurm.py (returns at once when it already runs);
 # if it cannot start, the Slurm tests fail and say why, the others still run
 if [ -z "$slurm_was_up" ] && [ "$(id -u)" = 0 ]; then  # stop what this run started, not a job of another
   trap 'bash scripts/setup-slurm.sh stop >/dev/null || echo "Slurm left running: bash scripts/setup-slurm.sh stop" >&2' EXIT
 fi
-bash scripts/setup-slurm.sh || echo "scripts/setup-slurm.sh failed: tests/test_slurm.py will fail" >&2
+bash scripts/setup-slurm.sh || echo "scripts/setup-slurm.sh failed: tests/kernel/test_slurm.py will fail" >&2
 mkdir -p artifacts
 status=0
 # Three test files at a time (pytest-xdist, a file stays on one worker, its kernel fixture shared

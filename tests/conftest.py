@@ -1,21 +1,24 @@
-"""Two layers: tests marked ``kernel`` start processes (a Jupyter kernel, ranks, torchrun, a
-browser, a Slurm job) and take minutes together; the rest are pure and take seconds
-(``pytest -m "not kernel"``). A test that is not marked but starts a process fails, saying so,
-so nothing slow slips into the fast layer. Tests that use the ``kernel``/``fresh_kernel``
-fixtures are marked by their use of it."""
+"""The layers are folders: tests/unit/ is pure and takes seconds (``pytest -m "not kernel"``);
+tests/kernel/ starts processes (a Jupyter kernel, ranks, torchrun, a Slurm job, pip, a docs
+build) and tests/browser/ drives Chromium with playwright besides, and together they take minutes.
+The folder gives the marker (``kernel``; ``browser`` too in tests/browser/), so a file's place
+is its layer. A test in tests/unit/ that starts a process fails, saying so, so nothing slow slips
+into the fast layer; one marked ``kernel`` or using a kernel fixture there is refused before any
+test runs. What the folders share is in tests/support/."""
 import os
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from kernel import Kernel  # noqa: E402
+from support.kernel import Kernel
 
 # Many cells here count each rank's own copy of a line ("next cell ok" twice), so the suite's
 # kernels show identical lines apart; the default, merge, is tested where it is said
-# (tests/test_same_lines.py, tests/test_unit_samelines.py, tests/test_unit_textview.py).
+# (tests/kernel/test_same_lines.py, tests/unit/test_same_lines_rules.py, tests/unit/test_text_view.py).
 os.environ.setdefault("NBDDP_SAME_LINES", "apart")
 
 KERNEL_FIXTURES = {"kernel", "fresh_kernel"}
@@ -37,28 +40,47 @@ def fresh_kernel(tmp_path):
     k.shutdown()
 
 
-# Seconds each of the longest files took in a whole-suite run (2 cores, 2026-12-05, several files at
-# a time). scripts/test.sh hands files out in collection order (--no-loadscope-reorder: xdist would
-# otherwise order them by their number of tests): longest first, so no long file starts last and
-# leaves the other workers idle while it ends.
+# Seconds each of the longest files (of tests/kernel/ and tests/browser/, by name) took in a
+# whole-suite run (2 cores, 2026-12-05, several files at a time). scripts/test.sh hands files out in
+# collection order (--no-loadscope-reorder: xdist would otherwise order them by their number of
+# tests): longest first, so no long file starts last and leaves the other workers idle while it ends.
 LONGEST = {"test_notebooks.py": 298, "test_browser.py": 276, "test_readme.py": 191, "test_faults.py": 123,
            "test_descriptors.py": 120, "test_kernel_death.py": 116, "test_elastic.py": 110, "test_slurm.py": 98,
            "test_wheel.py": 92, "test_interrupts.py": 86, "test_spares.py": 62, "test_preload.py": 60,
            "test_training_soak.py": 52, "test_private_net.py": 51, "test_cell_script.py": 51, "test_export.py": 47,
            "test_class_load.py": 47, "test_diagnosis.py": 44, "test_pool.py": 35,
-           "test_docs.py": 60, "test_colab_pins.py": 150, "test_ray_launcher.py": 200}  # its venv is built on a fresh clone (cached after)
+           "test_docs.py": 60, "test_colab_pins.py": 150,  # its venv is built on a fresh clone (cached after)
+           "test_ray_launcher.py": 200}
+
+
+TESTS = Path(__file__).resolve().parent
+LAYERS = {"unit": (), "kernel": ("kernel",), "browser": ("kernel", "browser")}  # folder: its markers
+
+
+def layer(item) -> str:
+    """The layer folder a test item's file is in (tests/<layer>/...)."""
+    path = Path(item.path).resolve()
+    folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
+    if folder not in LAYERS:
+        raise pytest.UsageError(f"{path} is in no layer's folder: put it in tests/unit/ (pure), tests/kernel/ "
+                                "(starts processes) or tests/browser/ (drives a browser)")
+    return folder
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if KERNEL_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.kernel)
+        folder = layer(item)
+        if folder == "unit" and (item.get_closest_marker("kernel")
+                                 or KERNEL_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            raise pytest.UsageError(f"{item.nodeid} starts processes (marked `kernel` or uses a kernel fixture) "
+                                    "but is in tests/unit/: move it to tests/kernel/")
+        for name in LAYERS[folder]:
+            item.add_marker(name)
     items.sort(key=lambda item: -_seconds_alone(item))  # stable: a file's tests keep their order
 
 
 def _seconds_alone(item) -> int:
-    path = getattr(item, "path", None)
-    return LONGEST.get(path.name, 0) if path else 0
+    return LONGEST.get(Path(item.path).name, 0)
 
 
 # ----------------------------------------------------------- the fast layer starts no process
@@ -69,6 +91,20 @@ def _seconds_alone(item) -> int:
 # the test's own thread and the ones it starts count: a background thread of an earlier test
 # (nbddp refilling its spares) is not this test's doing.
 STARTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec"}
+# The one exception: a test marked ``starts_tool(NAME)`` may start that tool's own executable, and
+# nothing else (no shell, no other program, no ranks): a quick checker with no in-process API
+# (ruff: tests/unit/test_lint.py). The events that name the executable are matched on its real path.
+
+
+def _ruff() -> str:
+    from ruff.__main__ import find_ruff_bin
+
+    return find_ruff_bin()
+
+
+TOOLS = {"ruff": _ruff}  # name -> its executable (a name not here allows nothing)
+_TOOL_EVENTS = {"subprocess.Popen", "os.posix_spawn"}  # (executable, argv, ...): what is started
+_tools: set[str] = set()  # the real paths the running test may start
 RANK_STARTS = [("nbddp.sources.rankprocs", "RankProcs", "start"),  # fresh ranks and spares
                ("nbddp.forkserver.starter", None, "start"), ("nbddp.forkserver.starter", None, "start_all")]
 _fast_test: list = []  # the nodeid of the unmarked test running now, if one runs
@@ -78,12 +114,19 @@ _outside: set[int] = set()  # threads that were running before it began
 def _refuse(what: str) -> None:
     if _fast_test and threading.get_ident() not in _outside:
         raise RuntimeError(f"{_fast_test[0]} starts a process ({what}) but is not marked `kernel`: "
-                           "add @pytest.mark.kernel (or pytestmark = pytest.mark.kernel in its file)")
+                           "move it to tests/kernel/")
 
 
-def _audit(event: str, _args) -> None:
-    if event in STARTS:
+def _audit(event: str, args) -> None:
+    if event in STARTS and not (event in _TOOL_EVENTS and _tools and _real_path(args[0]) in _tools):
         _refuse(event)
+
+
+def _real_path(executable) -> str:
+    try:
+        return os.path.realpath(os.fsdecode(executable))
+    except (TypeError, ValueError):
+        return ""
 
 
 sys.addaudithook(_audit)
@@ -113,10 +156,13 @@ def pytest_runtest_protocol(item):
     if fast:
         _outside.update(t.ident for t in threading.enumerate() if t is not threading.main_thread())
         _fast_test[:] = [item.nodeid]
+        allowed = item.get_closest_marker("starts_tool")
+        _tools.update(_real_path(TOOLS[name]()) for name in (allowed.args if allowed else ()) if name in TOOLS)
     try:
         yield
     finally:
         _fast_test.clear()
         _outside.clear()
+        _tools.clear()
         for owner, name, original in saved:
             setattr(owner, name, original)

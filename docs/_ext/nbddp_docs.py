@@ -2,7 +2,7 @@
 
 Directives (used in docs/reference/*.md and docs/tutorials/index.md):
 
-``{nbddp-options}``   every option of the ``%%ddp`` line parser (nbddp.core.launchrules.build_parser), which
+``{nbddp-options}``   every option of the ``%%ddp`` line parser (nbddp.core.ddpline.build_parser), which
                       ``%ddp_pool start|restart`` and ``%ddp_export`` parse too
 ``{nbddp-magics}``    the three magics' own usage and docstrings (nbddp.magic.DDPMagics, linecommands.POOL_USAGE)
 ``{nbddp-hints}``     every hint nbddp gives (nbddp.core.diagnosis.HINTS and the private-network hint),
@@ -41,7 +41,7 @@ MORE = {
     "sbatch": "/howto/cluster", "ray_address": "/howto/cluster", "ray": "/howto/cluster",
 }
 
-# An error text that triggers each hint (matched by the hint's own pattern in tests/test_docs.py),
+# An error text that triggers each hint (matched by the hint's own pattern in tests/unit/test_docs_sources.py),
 # keyed by the pattern's source; a hint without one shows its pattern alone.
 EXAMPLES = {
     "environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected":
@@ -170,7 +170,7 @@ class OptionsDirective(Directive):
     has_content = False
 
     def run(self):
-        from nbddp.core.launchrules import build_parser
+        from nbddp.core.ddpline import build_parser
 
         parser = build_parser()
         rows = []

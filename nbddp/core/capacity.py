@@ -1,13 +1,10 @@
-"""How many ranks a launch may start on this machine, before anything starts.
+"""How many ranks a launch may start on this machine, checked before anything starts.
 
-A mistyped ``-n 4000`` (or ``-n 99999999999``) would otherwise fork that many torch processes,
-or build that many rank results in the kernel, until the OOM killer acts. The bound is what
-the machine can run: its cores (ranks beyond ``PER_CORE`` per core only wait for each other),
-its available memory (each rank needs at least ``RANK_MIB``), the user's process limit and the
-kernel's hard descriptor limit (``FDS_PER_RANK`` per rank). ``--max-ranks N`` (``max_ranks=N``)
-is the explicit way past it. ``machine()`` reads the facts (cheap: a few small /proc and /sys
-files); ``refusal()`` is the pure rule over them.
-"""
+A mistyped ``-n 4000`` would otherwise fork that many torch processes until the OOM killer
+acts. The bound is what the machine can run: its cores (``PER_CORE`` ranks each), its available
+memory (``RANK_MIB`` a rank), the user's process limit and the kernel's hard descriptor limit
+(``FDS_PER_RANK`` a rank); ``--max-ranks N`` is the explicit way past it. ``machine()`` reads
+the facts (a few small /proc and /sys files); ``refusal()`` is the pure rule over them."""
 from __future__ import annotations
 
 import os
@@ -16,7 +13,7 @@ from dataclasses import dataclass
 
 PER_CORE = 8            # ranks per core before the machine is only oversubscribed
 AT_LEAST = 64           # ... but never fewer than this (a 2-core laptop runs -n 32 lessons)
-RANK_MIB = 32           # the least memory one rank takes (an idle forkserver rank: ~11 MiB unique)
+RANK_MIB = 32           # the least memory one rank takes (an idle forkserver rank's own, with margin)
 FDS_PER_RANK = 4        # the kernel's pipes per rank (output, control, exit)
 ANYWHERE = 65536        # ranks of one job on any launcher (the kernel keeps a result per rank)
 

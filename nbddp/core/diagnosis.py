@@ -6,9 +6,47 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nbddp.core.states import RankState
 from nbddp.core.summary import label
+
+if TYPE_CHECKING:
+    from nbddp.core.spec import LaunchSpec
+
+Frame = tuple[str, int, str]  # (file, line, function) of faulthandler's dump
+
+
+class RankLike(Protocol):
+    """What the diagnosis reads and writes of a rank's result (nbddp/core/result.py's RankResult,
+    named by its shape: result.py imports this module)."""
+
+    rank: int
+    state: RankState
+    cause: str
+    exception: dict[str, Any] | None
+    blocked_at: str | None
+    ended_at: float | None
+    hint: str | None
+
+    @property
+    def ok(self) -> bool: ...
+
+    def stderr_tail(self) -> str: ...
+
+
+class RunLike(Protocol):
+    """What the diagnosis reads of a launch's result (nbddp/core/result.py's RunResult)."""
+
+    @property
+    def ranks(self) -> Sequence[RankLike]: ...
+
+    @property
+    def script(self) -> str | None: ...
+
+    @property
+    def cell_file(self) -> str: ...
 
 NOT_TARGETED = "not targeted by this cell"
 
@@ -34,7 +72,7 @@ def describe_signal(number: int) -> str:
 CAUSE_LIMIT = 240
 
 
-def describe_failure(exception: dict | None, code: int | None) -> str:
+def describe_failure(exception: dict[str, Any] | None, code: int | None) -> str:
     if exception:
         where = f" at cell line {exception['cell_line']}" if exception.get("cell_line") else ""
         if exception.get("type") == "BdbQuit":  # `q` at the rank's debugger prompt
@@ -92,7 +130,7 @@ def blocked_at(stack_text: str, cell_path: str, source: str | None) -> str | Non
     # started (its outermost frame threading's _bootstrap) is not where the rank is blocked.
     threads = sorted(parse_stacks(stack_text), key=_started_thread)
     for frames in threads:
-        for index, (file, line, func) in enumerate(frames):
+        for index, (file, line, _func) in enumerate(frames):
             if file != cell_path:
                 continue
             code = _source_line(source, line)
@@ -110,13 +148,13 @@ def blocked_at(stack_text: str, cell_path: str, source: str | None) -> str | Non
     return None
 
 
-def _started_thread(frames) -> bool:
+def _started_thread(frames: list[Frame]) -> bool:
     return bool(frames) and frames[-1][2] == "_bootstrap" and frames[-1][0].endswith("threading.py")
 
 
-def _innermost_library_call(frames) -> str | None:
+def _innermost_library_call(frames: list[Frame]) -> str | None:
     """The call the cell line is waiting in, named as the user wrote it (all_reduce, barrier…)."""
-    for file, line, func in reversed(frames):  # from the cell outward-in
+    for _file, _line, func in reversed(frames):  # from the cell outward-in
         if func not in ("wrapper", "inner", "_fn", "decorate_context", "<lambda>"):
             return func
     return None
@@ -132,18 +170,18 @@ def _source_line(source: str | None, line: int) -> str:
 TIMEOUT_NOTE = "timed out after"   # how the timeout report starts (and the views and DDPTimeout find it)
 
 
-def timeout_report(timeout_s: float, result) -> str:
+def timeout_report(timeout_s: float, result: RunLike) -> str:
     text = f"{TIMEOUT_NOTE} {timeout_s:g} s. " + where_ranks_are(result)
     hint = split_ranks_hint(result)
     return f"{text} Hint: {hint}" if hint else text
 
 
-def split_ranks_hint(result) -> str | None:
+def split_ranks_hint(result: RunLike) -> str | None:
     """When the ranks stopped in different places (some in a collective the others never
     reach), name the classic cause."""
-    blocked = [r for r in result.ranks if r.blocked_at]
-    lines = {r.blocked_at.split(":", 1)[0] for r in blocked}
-    in_collective = any(_COLLECTIVE.search(r.blocked_at) for r in blocked)
+    blocked = [r.blocked_at for r in result.ranks if r.blocked_at]
+    lines = {at.split(":", 1)[0] for at in blocked}
+    in_collective = any(_COLLECTIVE.search(at) for at in blocked)
     others = len(lines) > 1 or any(r.state == RankState.OK for r in result.ranks)
     if blocked and in_collective and others:
         return ("the ranks are not all in the same collective (a collective inside "
@@ -160,7 +198,8 @@ _COLLECTIVE = re.compile(r"\(in (all_reduce|all_gather\w*|reduce\w*|broadcast\w*
 IDLE_WARNING = "warning: no output from any rank"   # how the views recognise the idle warning
 
 
-def idle_report(idle_s: float, result, live, timeout: float | None = None) -> str:
+def idle_report(idle_s: float, result: RunLike, live: Iterable[RankLike] | None,
+                timeout: float | None = None) -> str:
     """The idle warning; with ``--timeout`` given it says when the cell will be stopped
     instead of suggesting the option (in words that stay true once the cell has ended: no
     countdown)."""
@@ -179,7 +218,7 @@ def is_hang_note(note: str) -> bool:
     return note.startswith(IDLE_WARNING) or note.startswith(TIMEOUT_NOTE)
 
 
-def final_notes(notes) -> list[str]:
+def final_notes(notes: Iterable[str]) -> list[str]:
     """The notes a final report keeps: once the timeout report came (it says where each rank
     ended), an earlier idle warning saying much the same is history."""
     if any(n.startswith(TIMEOUT_NOTE) for n in notes):
@@ -187,7 +226,7 @@ def final_notes(notes) -> list[str]:
     return list(notes)
 
 
-def where_ranks_are(result, only=None) -> str:
+def where_ranks_are(result: RunLike, only: Iterable[RankLike] | None = None) -> str:
     """'rank 0 blocked at cell line 4: …; ranks 1–3 finished ok' for a timeout or idle report."""
     parts = []
     considered = only if only is not None else result.ranks
@@ -213,7 +252,7 @@ PEER_LOST_HINT = ("another rank ended (crashed, exited or simply finished) while
                   "with the same shapes (--env TORCH_DISTRIBUTED_DEBUG=DETAIL checks that); if a rank failed, "
                   "its error comes first.")
 
-HINTS: list[tuple[re.Pattern, str]] = [
+HINTS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"environment variable (MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE) expected", re.I),
      "env:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE from the environment; a launcher "
      "(torchrun, or %%ddp) sets them. Run this under %%ddp, or set them yourself."),
@@ -303,7 +342,7 @@ PRIVATE_NET_HINT = ("this kernel's ranks run in a private network (NBDDP_PRIVATE
 _STOPPED = (RankState.TIMED_OUT, RankState.INTERRUPTED, RankState.TERMINATED)
 
 
-def add_hints(result, private_net: bool = False) -> None:
+def add_hints(result: RunLike, private_net: bool = False) -> None:
     """Give each rank that did not finish ok the matching one-line hint from HINTS, a rank
     that crashed (SIGSEGV…) the cell line faulthandler's crash report names, and a rank that
     exited non-zero without a traceback the last line it wrote to stderr as its cause.
@@ -311,7 +350,7 @@ def add_hints(result, private_net: bool = False) -> None:
     for rank in result.ranks:
         if rank.ok or rank.hint:
             continue
-        stderr = rank.stderr_tail()  # the last 64 KB: a log may be gigabytes
+        stderr = rank.stderr_tail()  # its tail only: a log may be huge
         if rank.state == RankState.KILLED and " at cell line " not in rank.cause:
             where = crash_line(stderr, result.script or result.cell_file, result.cell_file)
             if where:
@@ -394,7 +433,7 @@ def collective_calls(source: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def collective_warning(source: str, targets, world_size: int) -> str | None:
+def collective_warning(source: str, targets: Iterable[int], world_size: int) -> str | None:
     """A warning when a cell aimed at some ranks calls a collective the others will never join."""
     if len(set(targets)) >= world_size:
         return None
@@ -440,7 +479,7 @@ def agent_closed(agent_log: str) -> set[int] | None:
     return pids or None
 
 
-def agent_failure(agent_log: str, code: int, spec, log_path: str) -> str:
+def agent_failure(agent_log: str, code: int, spec: LaunchSpec, log_path: str) -> str:
     """One line for torchrun's own failure (no rank's exception explains it): a rendezvous that
     timed out, else the last error line of its log."""
     if any(word in agent_log for word in _RDZV_TIMEOUT):
@@ -457,7 +496,7 @@ def agent_failure(agent_log: str, code: int, spec, log_path: str) -> str:
     return f"torchrun exited with code {code}: {last[:300]} (torchrun's log: {log_path})"
 
 
-def srun_errors(agent_lines) -> list[str]:
+def srun_errors(agent_lines: Iterable[str]) -> list[str]:
     """srun's own error lines (srun, not torchrun, is the agent of ``--launcher slurm``)."""
     return [line.strip() for line in agent_lines if line.startswith(SRUN_ERROR)]
 

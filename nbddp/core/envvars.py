@@ -1,14 +1,13 @@
 """The environment each rank gets: the same variables, with the same values, as torchrun sets.
 
-Pure logic. ``tests/test_torchrun_env.py`` runs real torchrun and compares, so this list is
+Pure logic. ``tests/kernel/test_torchrun_env.py`` runs real torchrun and compares, so this list is
 checked against torch itself rather than trusted.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
-
-from nbddp.core import placement
 
 if TYPE_CHECKING:  # spec.py imports LAUNCHER_OWNED from here
     from nbddp.core.spec import LaunchSpec
@@ -39,7 +38,7 @@ LAUNCHER_OWNED = {
 HUB_TOKENS = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN")
 
 
-def inherited(base: dict[str, str], spec: LaunchSpec) -> dict[str, str]:
+def inherited(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]:
     """What a launch's processes inherit of ``base``: all of it but the hub's tokens, unless
     ``--env`` gives one explicitly."""
     asked = {key for key, _ in spec.env}
@@ -76,15 +75,17 @@ def launcher_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str,
 
 
 def rank_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str, error_file: str,
-             base_env: dict[str, str] | None = None, device_count: int) -> dict[str, str]:
+             base_env: dict[str, str] | None = None,
+             devices_env: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> dict[str, str]:
     """The whole environment of one rank: inherited (without the hub's token), plus torchrun's,
-    plus the user's ``--env``. nbddp adds no variable of its own, so the key set is torchrun's."""
+    plus the launch's GPU placement (``devices_env``: CUDA_VISIBLE_DEVICES with ``--gpus``,
+    planned once per launch by nbddp/core/placement.py), plus the user's ``--env``. nbddp adds
+    no variable of its own, so the key set is torchrun's."""
     base = inherited(os.environ if base_env is None else base_env, spec)
     env = dict(base)
     env.update(launcher_env(spec, rank, master_port=master_port, run_id=run_id,
                             error_file=error_file, base_env=base))
-    # GPU placement (CUDA_VISIBLE_DEVICES for --gpus); nothing at all on a machine without CUDA
-    env.update(placement.gpu_env(spec, device_count, base))
+    env.update(dict(devices_env))  # nothing at all on a machine without CUDA
     env.update(dict(spec.env))
     return env
 

@@ -1,15 +1,11 @@
 """The errors' base, and the one error nbddp raises for input it refuses before anything starts.
 
-``NbddpError`` is the base of every error a user can meet from nbddp (``except
-nbddp.NbddpError`` catches them all); each also keeps the builtin base Python code expects
-(``ValueError`` for bad input, ``RuntimeError`` for failed ranks, ``KeyboardInterrupt`` for the
-stop button), so what ``except Exception`` caught before it still catches, and an interrupt is
-still not an ``Exception``: that is why the base derives from ``BaseException`` and is never
-raised itself. A class becomes one by naming it: ``class DDPError(RuntimeError, NbddpError)``.
-
-``DDPUsageError`` is a ``ValueError``, so the Python API (``nbddp.run``, ``nbddp.Pool``) raises
-what Python code expects for a bad argument; the magic (nbddp/magic.py, the only module that
-knows IPython's ``UsageError``) shows it as a ``UsageError``: the one-line reason, no traceback."""
+``NbddpError`` is the base of every error a user can meet from nbddp; each error also keeps the
+builtin base Python code expects (``ValueError``, ``RuntimeError``, ``KeyboardInterrupt`` for the
+stop button), so the base derives from ``BaseException`` (an interrupt is still no
+``Exception``) and is never raised itself: ``class DDPError(RuntimeError, NbddpError)``.
+``DDPUsageError`` is a ``ValueError`` for the Python API; the magic (nbddp/magic.py, the only
+module that knows IPython) shows it as a ``UsageError``: one line, no traceback."""
 from __future__ import annotations
 
 

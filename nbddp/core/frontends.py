@@ -1,31 +1,15 @@
 """Which view a front end can show, from what the kernel knows about it (pure: no kernel, no comms).
 
-The kernel never learns the front end's name or its ipywidgets version from the protocol: both
-ipywidgets 7.7+ and 8 widget managers open the same ``jupyter.widget.control`` comm (protocol
-1.0.0) and register the same ``jupyter.widget`` target. What it can know (nbddp/kernel/
-frontend_probe.py gathers it per front-end session):
-
-- the kernel's own ipywidgets: the live view is built with ipywidgets 8 (Colab pins 7.7.1,
-  whose models an ipywidgets 7 front end renders but nbddp's view does not use);
-- a round trip: the front end closed the small widget nbddp opened (a front end with no widget
-  manager closes a comm for a target it does not know: JupyterLab without ``jupyterlab_widgets``,
-  a code console without one), or it opened the control comm itself (it has a manager);
-- a drawing: nbddp also opens two ipywidgets 8 HTML widgets joined by ``jslink``; a widget
-  manager that can build them links them and sends the new value back. An ipywidgets 7 manager
-  opens the same control comm but has no HTMLStyle model: JupyterLab 3's closes the probe (see
-  renders_widgets_here), classic Notebook 6's sends nothing, so a JupyterLab session (or one
-  whose manager opened the control comm) that sent a cell well after the probe reached it
-  (ANSWER_WINDOW_S) and never answered cannot draw the live view. A Run All's cells were all
-  sent before any answer could come: they are judged on the other evidence (SendClock tells
-  them apart);
-- the execute_request's metadata: JupyterLab and Notebook 7 send ``deletedCells`` /
-  ``recordTiming``; VS Code sends ``cellId: "vscode-notebook-cell:..."``. nbclient, papermill and
-  plain jupyter_client send nothing or a bare ``cellId``: no live viewer, so text (a saved
-  widget nobody saw live would read as "model not found").
-"""
+The protocol names neither the front end nor its ipywidgets version (7.7+ and 8 managers open the
+same ``jupyter.widget.control`` comm), so the choice rests on what nbddp/kernel/frontend_probe.py
+gathers per front-end session (``Evidence``): the kernel's own ipywidgets (the view needs 8); a
+closed probe widget (no widget manager) or an opened control comm (one); the probe's two
+``jslink``-ed widgets drawn, or not within ANSWER_WINDOW_S (an ipywidgets 7 manager); and the
+execute_request's metadata (JupyterLab, Notebook 7, VS Code mark it; nbclient and papermill: text)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 JUPYTERLAB_KEYS = ("deletedCells", "recordTiming")
 VSCODE_CELL_PREFIX = "vscode-notebook-cell:"
@@ -45,7 +29,7 @@ class Evidence:
     opened_control: bool = False  # this session opened ipywidgets' control comm: it has one
     drew_probe: bool = False  # this session's manager drew nbddp's linked probe: it renders ipywidgets 8
     ignored_probe: bool = False  # it had ANSWER_WINDOW_S to draw the probe and did not
-    metadata: dict | None = None  # the execute_request's metadata
+    metadata: dict[str, Any] | None = None  # the execute_request's metadata
 
 
 @dataclass(frozen=True)
@@ -55,7 +39,7 @@ class Choice:
     paced: bool = False  # output kept under a notebook server's rate limits (behind_a_server)
 
 
-def front_end_name(metadata: dict | None) -> str:
+def front_end_name(metadata: dict[str, Any] | None) -> str:
     """JupyterLab (Notebook 7 is built on it), VS Code, or "" for a client that names nothing."""
     metadata = metadata or {}
     if str(metadata.get("cellId", "")).startswith(VSCODE_CELL_PREFIX):
@@ -112,7 +96,7 @@ class SendClock:
     smallest (start - sent) seen from a front end is its offset plus a transit; a queued cell (Run
     All) shows a larger one, and its send time comes out as early as it was."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._offset: dict[str, float] = {}
 
     def sent_at(self, session: str, header_time: float | None, started: float) -> float | None:

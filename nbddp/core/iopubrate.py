@@ -1,17 +1,11 @@
 """What a notebook server lets through to the browser, mirrored, so text output is paced below it.
 
-jupyter_server (and the classic notebook server) count, per kernel connection, every iopub
-message but ``status``/``comm_open``/``execute_input`` (``iopub_msg_rate_limit``, 1,000 a
-second) and the bytes of every ``stream`` message (``iopub_data_rate_limit``, 1,000,000 a
-second), each over a sliding ``rate_limit_window`` of 3 s. Above either rate the server drops
-every counted message, the end-of-cell report and the error included, until the rate is back
-under 80 % (``ZMQChannelsWebsocketConnection._limit_rate``). Its counters reset when the kernel
-goes idle, between cells.
-
-``RateWindow`` keeps the same sliding window for what nbddp itself sends, at a share of the
-server's defaults (the rest is margin for message headers and for ipykernel batching writes
-into messages a little later than they were made). Pure: times are passed in.
-"""
+jupyter_server counts, per kernel connection over a sliding ``rate_limit_window``, iopub
+messages (``iopub_msg_rate_limit``) and stream bytes (``iopub_data_rate_limit``); above either
+rate it drops every counted message, the end-of-cell report and the error included, until the
+rate is back under a share of it (``ZMQChannelsWebsocketConnection._limit_rate``); its counters
+reset when the kernel goes idle. ``RateWindow`` keeps the same window for what nbddp sends, at a
+share of the server's defaults (the rest is margin). Pure: times are passed in."""
 from __future__ import annotations
 
 import json
@@ -34,12 +28,12 @@ class RateWindow:
     ``share`` × the server's rates × the window."""
 
     def __init__(self, data_rate: float = SERVER_DATA_RATE, msg_rate: float = SERVER_MSG_RATE,
-                 window_s: float = SERVER_WINDOW_S, share: float = SHARE):
+                 window_s: float = SERVER_WINDOW_S, share: float = SHARE) -> None:
         self.window_s = window_s
         self.max_bytes = data_rate * window_s * share
         self.max_msgs = msg_rate * window_s * share
-        self._sent: deque = deque()   # (time, bytes, messages)
-        self.bytes = 0
+        self._sent: deque[tuple[float, float, int]] = deque()   # (time, bytes, messages)
+        self.bytes: float = 0
         self.msgs = 0
 
     def _expire(self, now: float) -> None:
@@ -73,7 +67,8 @@ class RateWindow:
         need_m = self.msgs + msgs - self.max_msgs
         if need_b <= 0 and need_m <= 0:
             return 0.0
-        freed_b = freed_m = 0
+        freed_b: float = 0
+        freed_m = 0
         for t, b, m in self._sent:   # oldest first: the moment enough of them has expired
             freed_b += b
             freed_m += m

@@ -2,15 +2,14 @@
 rank, a ``Cell`` per cell. Built in the kernel by nbddp/sources/rankjobs.py (one function for
 fresh and pool ranks), applied by nbddp/rank/worker.py.
 
-One stdlib pickle a rank, sent over its job pipe (multiprocess would pickle it with dill, pure
-Python, ~3 ms a rank; a spare forked earlier gets it the same way). Plain dataclasses: they
-pickle as their class's name and a dict, about as fast as the dict they replace. Imports
-nothing of nbddp: the rank unpickles it.
-"""
+One stdlib pickle a rank, sent over its job pipe (multiprocess would pickle it with dill, in
+pure Python, far slower; a spare forked earlier gets it the same way). Plain dataclasses: they
+pickle as their class's name and a dict. Imports nothing of nbddp: the rank unpickles it."""
 from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -20,7 +19,7 @@ class Cell:
     source: str | None          # the cell's text; None when a callable (RankJob.func) runs
     path: str                   # its __file__ and sys.argv[0] (nbddp/kernel/cellscript.py)
     label: str | None = None    # how tracebacks name it ("Cell In[3]"; nbddp/core/cellnames.py)
-    push: dict | None = None    # --push values: a shared file to map (nbddp/kernel/pushing.py)
+    push: dict[str, Any] | None = None  # --push values: a shared file to map (nbddp/kernel/pushing.py)
     pull: list[str] = field(default_factory=list)  # --pull names to send back after it ran
     post_mortem: bool = False   # --pdb: a failing rank opens the debugger at the failing frame
 
@@ -38,7 +37,7 @@ class RankJob:
     sigint_path: str            # what it touches when SIGINT reaches its Python code
     backend: str | None         # the backend auto picked (nbddp.backend() in the rank)
     cell: Cell                  # a pool rank's: only its first __file__; cells come as EXEC
-    func: dict | None = None    # a packed callable to run instead of cell.source (nbddp/sources/local.py)
+    func: dict[str, Any] | None = None  # a packed callable to run instead of cell.source (nbddp/sources/local.py)
     pool: bool = False          # serve cell after cell (nbddp/sources/pool.py) instead of one
     forget: list[str] = field(default_factory=list)  # preloaded modules edited since: re-import
 

@@ -21,10 +21,10 @@ class Launch:
 
     spec: LaunchSpec
     source: str | None = None          # the cell's text (None: ``func`` runs instead)
-    func: dict | None = None           # a callable and its arguments, serialized once in the kernel
-    sinks: tuple = ()                  # where the launch's events go (nbddp/core/sink.py)
+    func: dict[str, Any] | None = None  # a callable and its arguments, serialized once in the kernel
+    sinks: tuple[Any, ...] = ()        # where the launch's events go (nbddp/core/sink.py: any of its methods)
     cwd: str = field(default_factory=os.getcwd)              # the ranks' working folder, absolute
-    env_base: dict = field(default_factory=lambda: dict(os.environ))  # the ranks' environment is built on it
-    push: dict | None = None           # --push: notebook values for every rank
+    env_base: dict[str, str] = field(default_factory=lambda: dict(os.environ))  # the ranks' environment is built on it
+    push: dict[str, Any] | None = None  # --push: notebook values for every rank
     cell_label: str | None = None      # how tracebacks name the cell ("Cell In[3]")
     pool: Any = None                   # the started pool that runs the cell (source "pool")

@@ -10,12 +10,16 @@ import os
 import shlex
 from dataclasses import dataclass
 
+from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError
-from nbddp.core.launchrules import _shown, check_pool_spec, check_script_name, parse_line
+from nbddp.core.launchrules import check_pool_spec, check_script_name
+from nbddp.core.optionvalues import shown as _shown
 from nbddp.core.spec import LaunchSpec
 
-POOL_USAGE = "usage: %ddp_pool start [%%ddp launch options] | status | restart | stop"
-POOL_COMMANDS = ("start", "status", "restart", "stop")
+POOL_USAGE = ("usage: %ddp_pool start [--all-cells] [%%ddp launch options] | status | restart | stop | "
+              "all-cells on|off")
+POOL_COMMANDS = ("start", "status", "restart", "stop", "all-cells")
+ALL_CELLS = "--all-cells"  # %ddp_pool's own option (not a %%ddp one): every cell runs on the pool
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class PoolCommand:
     command: str                     # one of POOL_COMMANDS
     spec: LaunchSpec | None = None   # the new pool's (start; restart with options)
     help_only: bool = False          # -h printed the help: do nothing else
+    all_cells: bool | None = None    # every cell on the pool from now (True), no more (False), as was (None)
 
 
 def parse_pool_line(line: str, *, running: bool, exists: bool) -> PoolCommand:
@@ -36,9 +41,16 @@ def parse_pool_line(line: str, *, running: bool, exists: bool) -> PoolCommand:
         raise DDPUsageError(f"%ddp_pool: cannot split the line: {exc}") from None
     if not words:
         raise DDPUsageError(f"%ddp_pool: {POOL_USAGE}")
-    command, rest = words[0], shlex.join(words[1:])
+    command = words[0]
     if command not in POOL_COMMANDS:
         raise DDPUsageError(f"%ddp_pool: unknown command {_shown(command)}; {POOL_USAGE}")
+    if command == "all-cells":
+        return _all_cells(words[1:], running)
+    cut = words.index("--") if "--" in words else len(words)  # after --: the script's arguments
+    all_cells = ALL_CELLS in words[1:cut]
+    if all_cells and command != "start":
+        raise DDPUsageError(f"%ddp_pool: {ALL_CELLS} goes with start (or: %ddp_pool all-cells on)")
+    rest = shlex.join([w for w in words[1:cut] if w != ALL_CELLS] + words[cut:])
     if command in ("status", "stop"):
         if rest:
             raise DDPUsageError(f"%ddp_pool: {command} takes no options, got {_shown(rest)}")
@@ -54,7 +66,17 @@ def parse_pool_line(line: str, *, running: bool, exists: bool) -> PoolCommand:
     if spec is None:
         return PoolCommand(command, help_only=True)
     check_pool_spec(spec)
-    return PoolCommand(command, spec)
+    return PoolCommand(command, spec, all_cells=True if all_cells else None)
+
+
+def _all_cells(words: list[str], running: bool) -> PoolCommand:
+    """``%ddp_pool all-cells on|off``."""
+    if len(words) != 1 or words[0] not in ("on", "off"):
+        raise DDPUsageError(f"%ddp_pool: usage: %ddp_pool all-cells on|off, got {_shown(shlex.join(words))}")
+    if words[0] == "on" and not running:
+        raise DDPUsageError("%ddp_pool: no pool is running to take every cell; "
+                            f"%ddp_pool start -n N {ALL_CELLS}")
+    return PoolCommand("all-cells", all_cells=words[0] == "on")
 
 
 # ---------------------------------------------------------------- %ddp_export

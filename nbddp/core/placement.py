@@ -1,19 +1,21 @@
 """GPU placement: one CUDA device per local rank, chosen with ``--gpus 0,1,3``; nccl as the
 default backend where CUDA exists.
 
-Pure logic: the number of devices is a parameter (``device_count``), so every rule is tested on
-CPU; the count is torch's, asked of the forkserver's store host (nbddp/forkserver/storehost.py:
-``device_count``), so the kernel never imports torch.
-
-The choice is expressed the way cluster schedulers and torchrun users already expect: with
-``--gpus`` the ranks get ``CUDA_VISIBLE_DEVICES`` listing the chosen devices, so inside a rank
-``cuda:LOCAL_RANK`` is the LOCAL_RANK-th chosen device and unchanged torchrun code keeps working.
-"""
+Pure: the device count is a parameter (torch's, asked of the forkserver's store host,
+nbddp/forkserver/storehost.py, so the kernel never imports torch), so every rule is tested on
+CPU. With ``--gpus`` the ranks get ``CUDA_VISIBLE_DEVICES`` listing the chosen devices, as
+cluster schedulers do, so ``cuda:LOCAL_RANK`` is the LOCAL_RANK-th chosen device and unchanged
+torchrun code keeps working."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nbddp.core.errors import DDPUsageError
+
+if TYPE_CHECKING:
+    from nbddp.core.spec import LaunchSpec
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class Placement:
         return f"cuda:{local_rank % len(self.devices)}"
 
 
-def _visible(base_env: dict | None, device_count: int) -> list[str]:
+def _visible(base_env: Mapping[str, str] | None, device_count: int) -> list[str]:
     """The device names torch numbers 0..count-1 here (respecting an existing CUDA_VISIBLE_DEVICES)."""
     current = (base_env or {}).get("CUDA_VISIBLE_DEVICES")
     if current is not None and current.strip() != "":
@@ -42,7 +44,7 @@ def _visible(base_env: dict | None, device_count: int) -> list[str]:
     return [str(i) for i in range(device_count)]
 
 
-def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
+def plan(spec: LaunchSpec, device_count: int, base_env: Mapping[str, str] | None = None) -> Placement:
     """The placement for ``spec`` on a machine with ``device_count`` CUDA devices.
     Raises DDPUsageError (one line) for a choice that cannot work."""
     gpus = getattr(spec, "gpus", None)
@@ -84,13 +86,5 @@ def plan(spec, device_count: int, base_env: dict | None = None) -> Placement:
     return Placement(devices=devices, physical=physical, backend=backend, env=env, note=note)
 
 
-def gpu_env(spec, device_count: int, base_env: dict | None = None) -> dict[str, str]:
-    """The variables placement adds to every rank: CUDA_VISIBLE_DEVICES with ``--gpus``, else none
-    (without ``--gpus`` all devices stay visible and cuda:LOCAL_RANK is one device per rank)."""
-    if getattr(spec, "gpus", None) is None and device_count == 0:
-        return {}
-    return dict(plan(spec, device_count, base_env).env)
-
-
-def _join(values) -> str:
+def _join(values: Iterable[int]) -> str:
     return ",".join(str(v) for v in values)

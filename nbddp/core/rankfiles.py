@@ -1,21 +1,16 @@
-"""Where a launch's per-rank files are: one place that names them, as torch.distributed.elastic's
-``LogsSpecs`` owns its paths. The kernel writes and reads them (nbddp/sources/), the ranks
-write some (nbddp/rank/), the tests and the docs point users at them, so their names are a
-contract. Imports nothing but ``os.path``.
-
-In a launch's log folder (nbddp/kernel/logdirs.py)::
+"""Where a launch's per-rank files are: one place that names them (as torch's ``LogsSpecs`` owns its
+paths), a contract between the kernel (nbddp/sources/), the ranks (nbddp/rank/), the tests and the
+docs. Imports nothing but ``os.path``. In a launch's log folder (nbddp/kernel/logdirs.py)::
 
     cell.py             the cell as the ranks ran it (tracebacks name it "Cell In[N]")
     rank{r}.stdout      everything rank r wrote, in full (the views show bounded tails)
     rank{r}.stderr
     rank{r}.stacks      rank r's Python stacks, written when the kernel asks (nbddp/rank/stackwatch.py)
-    rank{r}.sigint      left by rank r when SIGINT reached its Python code (it runs the cell's
-                        except/finally, so it is given time)
+    rank{r}.sigint      left by rank r when SIGINT reached its Python code (its except/finally runs)
     rank{r}.error.json  torch's TORCHELASTIC_ERROR_FILE for rank r (@record writes it)
     status/             torchrun launches: what each rank reports without a control pipe
       rank{r}.json      its pid, host, start, and at the end its exit code and exception
-      rank{r}.stacks, rank{r}.sigint   as above, beside the status file
-"""
+      rank{r}.stacks, rank{r}.sigint   as above, beside the status file"""
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ else a local Ray started for the cell. Pure: the address read and split, not con
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 ENV_VAR = "RAY_ADDRESS"
@@ -27,7 +28,7 @@ class RayAddress:
         return self.text is None
 
 
-def choose(flag: str | None, env: dict) -> RayAddress:
+def choose(flag: str | None, env: Mapping[str, str]) -> RayAddress:
     """The flag's address, else ``RAY_ADDRESS``'s, else None (a local Ray); a malformed one is a
     ValueError naming where it came from."""
     for text, origin in ((flag, "--ray-address"), (env.get(ENV_VAR), ENV_VAR)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pprint
 import shlex
+from typing import Any
 
 from nbddp.core import torchrun_cli
 from nbddp.core.spec import LaunchSpec
@@ -20,9 +21,9 @@ def wants_gpus(spec: LaunchSpec) -> bool:
     return spec.backend == "nccl" or spec.gpus is not None
 
 
-def driver_config(spec: LaunchSpec, *, address: str | None, tail: list[str], env: dict, cwd: str,
-                  files: dict | None = None, dirs: list | None = None, nodes_file: str | None = None,
-                  local_cpus: int = 1) -> dict:
+def driver_config(spec: LaunchSpec, *, address: str | None, tail: list[str], env: dict[str, str], cwd: str,
+                  files: dict[str, str] | None = None, dirs: list[str] | None = None,
+                  nodes_file: str | None = None, local_cpus: int = 1) -> dict[str, Any]:
     """The driver's config: the cluster (None: a local Ray of ``local_cpus``), one bundle per node
     (the node's ranks' CPUs, and GPUs where asked), torchrun's words after its module (``tail``
     follows its options), what the ranks' environment adds, and the files each node needs."""

@@ -7,15 +7,18 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
 from nbddp.core.errors import NbddpError
 from nbddp.core.rankfiles import RankFiles
-from nbddp.core.states import FINAL_STATES, RankState  # noqa: F401 - FINAL_STATES: imported from here
-from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
+from nbddp.core.states import RankState
 from nbddp.core.summary import label, state_lines, wrapped
 
-TAIL_BYTES = 1 << 16  # what the diagnosis reads of a rank's stderr (its last 64 KB)
+if TYPE_CHECKING:
+    from nbddp.core.spec import LaunchSpec
+
+TAIL_BYTES = 1 << 16  # what the diagnosis reads of a rank's stderr: its tail, in bytes
 _STATE_LINE = re.compile(r"ranks? [\d–, ]+: ")  # "rank 0: failed (…)": kept whole in DDPError
 
 # Rank states (nbddp/core/states.py), by the names the sources and views import from here.
@@ -40,10 +43,10 @@ class RankResult:
     state: RankState = STARTING
     exitcode: int | None = None
     cause: str = ""
-    exception: dict | None = None
+    exception: dict[str, Any] | None = None
     value: Any = None
-    pulled: dict = field(default_factory=dict)
-    pull_errors: dict = field(default_factory=dict)  # name -> why the rank could not send it
+    pulled: dict[str, Any] = field(default_factory=dict)
+    pull_errors: dict[str, str] = field(default_factory=dict)  # name -> why the rank could not send it
     started_at: float | None = None
     ended_at: float | None = None
     stdout_path: str | None = None
@@ -62,7 +65,7 @@ class RankResult:
             return None
         return (self.ended_at or self.started_at) - self.started_at
 
-    def _read(self, path):
+    def _read(self, path: str | None) -> str:
         if not path or not os.path.exists(path):
             return ""
         with open(path, "rb") as f:
@@ -82,12 +85,14 @@ class RankResult:
         diagnosis reads at the end of a launch. A rank that wrote gigabytes (``NCCL_DEBUG=INFO``)
         costs the kernel ``limit`` bytes, not the log's size, right when the user pressed stop."""
         path = self.stderr_path
+        if path is None:
+            return ""
         try:
             with open(path, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
                 f.seek(max(0, size - limit))
                 data = f.read(limit)
-        except (OSError, TypeError):
+        except OSError:
             return ""
         if size > limit:  # cut in a line (or a character): start at the next whole line
             data = data[data.find(b"\n") + 1:] if b"\n" in data else data
@@ -125,7 +130,7 @@ class RunResult:
     def ok(self) -> bool:
         return all(r.ok for r in self.ranks) and not self.interrupted and not self.timed_out
 
-    def rank(self, number: int) -> "RankResult | None":
+    def rank(self, number: int) -> RankResult | None:
         """The result of global rank ``number``, or None where it ran on another node
         (under ``--launcher torchrun`` a node holds only its own ranks)."""
         return next((r for r in self.ranks if r.rank == number), None)
@@ -146,7 +151,7 @@ class RunResult:
         return [r for r in self.ranks if r.state in (FAILED, KILLED, TIMED_OUT)]
 
     @property
-    def values(self) -> list:
+    def values(self) -> list[Any]:
         return [r.value for r in self.ranks]
 
     @property
@@ -171,7 +176,7 @@ class RunResult:
             lines.append(f"{label(oks)} finished ok")
         return "\n".join(lines + [n for n in final_notes(self.notes) if hang_notes or not is_hang_note(n)])
 
-    def raise_for_status(self) -> "RunResult":
+    def raise_for_status(self) -> RunResult:
         if self.ok:
             return self
         if self.interrupted:
@@ -185,7 +190,7 @@ class Interrupted(KeyboardInterrupt, NbddpError):
     (``KeyboardInterrupt: nbddp: interrupted: all ranks were stopped``), not a traceback
     through nbddp; the per-rank report was shown above it and is in ``_ddp``."""
 
-    def _render_traceback_(self):
+    def _render_traceback_(self) -> list[str]:
         return [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: {self}"]
 
 
@@ -205,10 +210,10 @@ class DDPError(RuntimeError, NbddpError):
             return "the launch failed"
         return f"{label([r.rank for r in bad])} failed"
 
-    def _render_traceback_(self):
+    def _render_traceback_(self) -> list[str]:
         """IPython shows this instead of a traceback from inside nbddp: each rank's state line
-        whole (searched for, copied), notes and hints wrapped at word boundaries. What a view already showed is not said again: a failed rank's
-        traceback, and a hang's report (where each rank waited, the hint)."""
+        whole (searched for, copied), notes and hints wrapped at word boundaries. What a view already showed is not said
+        again: a failed rank's traceback, and a hang's report (where each rank waited, the hint)."""
         lines = [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self._headline()}"]
         shown_hang = bool(self.result.displayed) and any(is_hang_note(n) for n in self.result.notes)
         # each rank's state and cause on one line, whole (searched for, copied); notes are wrapped
@@ -218,12 +223,13 @@ class DDPError(RuntimeError, NbddpError):
             if r.hint:
                 lines.append(wrapped(f"  hint (rank {r.rank}): {r.hint}"))
         shown = set(self.result.displayed)
-        with_traceback = [r for r in self.result.failed if r.exception and r.exception.get("traceback")]
-        for r in with_traceback:  # a traceback once: here only where no view showed it
-            if r.rank not in shown:
-                lines.append(f"--- rank {r.rank} traceback ---")
-                lines += r.exception["traceback"].rstrip("\n").splitlines()
-        above = [r.rank for r in with_traceback if r.rank in shown]
+        tracebacks = [(r.rank, r.exception["traceback"]) for r in self.result.failed
+                      if r.exception and r.exception.get("traceback")]
+        for rank, traceback in tracebacks:  # a traceback once: here only where no view showed it
+            if rank not in shown:
+                lines.append(f"--- rank {rank} traceback ---")
+                lines += traceback.rstrip("\n").splitlines()
+        above = [rank for rank, _ in tracebacks if rank in shown]
         if len(above) == 1:
             where = f"rank {above[0]}'s traceback is in its output above; "
         elif above:
@@ -253,7 +259,7 @@ class DDPTimeout(DDPError):
         """The timeout report without what the headline said, its hint on a line of its own."""
         note, lines = self._timeout_note(), []
         for line in summary.splitlines():
-            if line == note:
+            if note is not None and line == note:
                 rest = note.split(". ", 1)[1] if ". " in note else ""
                 where, _, hint = rest.partition(" Hint: ")
                 lines += [x for x in (where, hint and f"Hint: {hint}") if x]
@@ -262,7 +268,7 @@ class DDPTimeout(DDPError):
         return lines
 
 
-def launch_result(spec, log_dir: str, *, with_ranks: bool = True, master_port: int | None = None,
+def launch_result(spec: LaunchSpec, log_dir: str, *, with_ranks: bool = True, master_port: int | None = None,
                   script: str | None = None) -> RunResult:
     """A launch's RunResult as it starts, made here for every source: one RankResult per rank
     (numbered as torchrun numbers them, its logs in ``log_dir``), or none where the ranks are

@@ -1,14 +1,15 @@
 """Every user-facing ``NBDDP_*`` variable, in one table (name, default, meaning, when it is read)
 and read by one parser, so a setting is spelled, defaulted and parsed in one place and the docs'
-table (docs/reference/environment.md) is checked against this one (tests/test_unit_settings.py).
+table (docs/reference/environment.md) is checked against this one (tests/unit/test_settings.py).
 
-A value that does not parse reads as the default, as before: a setting never stops a cell.
+A value that does not parse reads as the default: a setting never stops a cell.
 Variables nbddp sets for its own processes are not settings: they start with ``_NBDDP_``
 (nbddp/rank/torchrun_rank.py, nbddp/rank/cellsource.py) and are listed apart (INTERNAL)."""
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -65,7 +66,7 @@ INTERNAL_MEANING = ("internal (hence the leading `_`): what `--launcher torchrun
                     "cell, the `--legacy-launch` flag, the copy of the cell to run); not for you to set")
 
 
-def read(setting: Setting, environ=None) -> str | float | bool:
+def read(setting: Setting, environ: Mapping[str, str] | None = None) -> str | float | bool:
     """``setting``'s value in ``environ`` (the process's environment by default): a word of its
     choices (else its default), a switch's truth, a whole ("count") or any finite number, at
     least 0 (else its default)."""
@@ -84,7 +85,7 @@ def read(setting: Setting, environ=None) -> str | float | bool:
 
 def list_table_rows() -> str:
     """The settings as rows of docs/reference/environment.md's MyST list-table (name, default,
-    effect); tests/test_unit_settings.py holds the page to them."""
+    effect); tests/unit/test_settings.py holds the page to them."""
     rows = []
     for s in SETTINGS:
         default = s.shown_default or f"`{s.default}`"

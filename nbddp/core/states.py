@@ -8,7 +8,7 @@ from enum import Enum
 
 class _Words(str, Enum):
     """A str enum that prints, formats and reprs as its value (so ``_ddp.ranks`` and a list of
-    states in a notebook read as before: 'ok', not <RankState.OK: 'ok'>)."""
+    states in a notebook read as plain strings: 'ok', not <RankState.OK: 'ok'>)."""
 
     def __repr__(self) -> str:
         return str.__repr__(self)

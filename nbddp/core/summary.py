@@ -4,14 +4,31 @@ the transcript and the chips. Pure."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from typing import Protocol
 
 from nbddp.core.states import CAUSING, RankState  # CAUSING: never folded together
 
 
-def ranges(ranks) -> str:
+class RankLike(Protocol):
+    """What a summary reads of a rank's result (nbddp/core/result.py's RankResult, named by its
+    shape: result.py imports this module)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def state(self) -> RankState: ...
+
+    @property
+    def cause(self) -> str: ...
+
+
+def ranges(ranks: Iterable[int]) -> str:
     """[0, 1, 2, 5] → '0–2,5'."""
     nums = sorted(ranks)
-    parts, start = [], None
+    parts: list[str] = []
+    start: int | None = None
     for i, n in enumerate(nums):
         if start is None:
             start = n
@@ -21,23 +38,23 @@ def ranges(ranks) -> str:
     return ",".join(parts)
 
 
-def label(ranks) -> str:
+def label(ranks: Iterable[int]) -> str:
     """The one way nbddp names a set of ranks: [3] → 'rank 3', [0, 1, 2, 3] → 'ranks 0–3'."""
     ranks = list(ranks)
     return f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}"
 
 
-def groups(rank_results, fold_causing: bool = False) -> list[tuple[list, str, str]]:
+def groups(rank_results: Iterable[RankLike], fold_causing: bool = False) -> list[tuple[list[int], RankState, str]]:
     """(ranks, state, cause) groups in order of first appearance: a rank that caused the failure
     keeps a group of its own (its cause is its own) unless ``fold_causing``."""
-    out: dict = {}
+    out: dict[tuple[object, ...], tuple[list[int], RankState, str]] = {}
     for r in rank_results:
         key = (r.state, r.cause) if (fold_causing or r.state not in CAUSING) else (r.state, r.cause, r.rank)
         out.setdefault(key, ([], r.state, r.cause))[0].append(r.rank)
     return list(out.values())
 
 
-def state_lines(rank_results, include_ok: bool = False) -> list[str]:
+def state_lines(rank_results: Iterable[RankLike], include_ok: bool = False) -> list[str]:
     """One line per group of ranks in the same state, the failed ones first."""
     lines = []
     for ranks, state, cause in sorted(groups(rank_results), key=lambda g: g[1] not in CAUSING):
@@ -47,7 +64,7 @@ def state_lines(rank_results, include_ok: bool = False) -> list[str]:
     return lines
 
 
-def asking_line(rank: int | None, waiting, purpose: str | None) -> str:
+def asking_line(rank: int | None, waiting: list[int], purpose: str | None) -> str:
     """Who is at a prompt in the notebook's input box and who waits (nbddp/sources/asking.py)."""
     waits = f"; {label(waiting)} wait{'s' if len(list(waiting)) == 1 else ''} for it" if waiting else ""
     if rank is None:
@@ -71,7 +88,8 @@ def _wrap_line(line: str, width: int, indent: str) -> str:
     if len(line) <= width:
         return line
     lead = line[:len(line) - len(line.lstrip(" "))]
-    lines, current = [], lead
+    lines: list[str] = []
+    current = lead
 
     def fits(piece: str) -> bool:
         return len(current) + len(piece.rstrip()) <= width

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import shlex
+from collections.abc import Iterable
 from dataclasses import replace
 
 from nbddp.core.spec import LaunchSpec
@@ -81,7 +82,7 @@ def launcher_words(spec: LaunchSpec) -> list[str]:
     return ["torchrun"] if spec.legacy_launch is None else ["python", "-m", LEGACY_MODULE]
 
 
-def rank_entry(log_dir: str, cell_path: str, script_args) -> list[str]:
+def rank_entry(log_dir: str, cell_path: str, script_args: Iterable[str]) -> list[str]:
     """What follows torchrun's options when nbddp watches the launch: every rank's output copied
     with a ``[rankN]:`` prefix (``--tee=3``), torchrun's logs in the log folder, and each rank
     running the cell through nbddp/rank/torchrun_rank.py."""
@@ -103,6 +104,7 @@ def node_commands(spec: LaunchSpec, script: str, masked: bool = False) -> list[s
     ``masked``: the ``--env`` values shown as ``***`` (for the notebook: they may be secrets)."""
     if spec.nnodes > 1 and not spec.rdzv_endpoint and spec.master_port is None:
         spec = replace(spec, master_port=DEFAULT_MASTER_PORT)
+    nodes: list[int | None]
     if spec.nnodes == 1 and not spec.rdzv_endpoint and spec.master_port is None:
         nodes = [None]
     else:

@@ -1,31 +1,11 @@
-"""What the forkserver imports before it forks a rank, and why (the one list), and the notebook's
-own modules sent to it later, so a rank's first ``DDP(...)`` or ``import transformers`` costs
-nothing.
-
-Measured with ``benchmarks/first_use.py`` (2 cores, a child forked after the old preload of
-torch, torch.distributed and torch.nn): the first ``optimizer.step()``, ``DDP(model)`` + SGD
-or ``torch.profiler`` imported ``torch._dynamo`` and ~820 modules, 4.4-6.2 s per rank;
-``fully_shard`` 605 of them (2.4 s), ``torch.distributed.checkpoint`` 683 (2.8 s). After the
-list below none of those cells imports a module. Nothing here initialises CUDA:
-the forkserver must stay fork-safe, and a kernel that already initialised CUDA must still work
-(tests/test_preload.py checks ``torch.cuda._initialized`` in the forkserver).
-
-Notebook modules (``NBDDP_PRELOAD=0`` turns this off): after a cell, before the next spares are
-forked (nbddp/forkserver/spares.py), the kernel offers the forkserver the packages the notebook imported
-that it lacks. A forkserver's preload list is fixed at its start, so nbddp preloads
-``nbddp.forkserver.serve`` there, which makes the forkserver take such offers without any signal
-handler (Python runs a handler between any two bytecodes, inside ``os.fork``'s own hooks too,
-and a handler that forked there deadlocked the forkserver): a short-lived "messenger" forked
-from it writes the names into a pipe the forkserver holds and exits; the next fork request
-(a second messenger the kernel starts at once) runs the forkserver's before-fork hook, in its
-main loop, which reads the pipe, first imports the names in a forked probe and keeps only
-those whose import neither started a thread nor touched CUDA (nor failed), stopping at the
-first unsafe one, then imports the safe ones itself; the second messenger, forked right after,
-carries the verdicts back. The kernel's own stack (ipykernel, zmq, tornado, IPython, ...) and
-the standard library are never offered.
-A user module whose file changes after it was preloaded is dropped from ``sys.modules`` in the
-ranks (``stale()``), so a cell still imports the code on disk, as under torchrun.
-"""
+"""What the forkserver imports before it forks a rank (``MODULES``: the one list, with reasons), and
+the notebook's modules offered to it after each cell, so a rank's first ``DDP(...)`` or ``import
+transformers`` costs nothing (docs/explanation/performance.md). Nothing here initialises CUDA:
+the forkserver must stay fork-safe. Offers (``NBDDP_PRELOAD=0``: none) come with no signal handler
+(one runs inside ``os.fork``'s hooks too): a messenger writes the names into a pipe, the
+forkserver's before-fork hook reads it in its main loop and imports those a forked probe imported
+without failing, starting a thread or touching CUDA; the next messenger carries the verdicts
+back. A user module whose file changed is dropped in the ranks (``stale()``), as under torchrun."""
 from __future__ import annotations
 
 import json
@@ -195,15 +175,15 @@ def stale() -> list[str]:
         return []
     names = [name for name, mod in list(sys.modules.items())
              if offered.get(name) == "ok"
-             and isinstance(getattr(mod, "__file__", None), str)
-             and os.path.realpath(mod.__file__) in changed]
+             and isinstance(file := getattr(mod, "__file__", None), str)
+             and os.path.realpath(file) in changed]
     return names
 
 
 # ------------------------------------------------------------ forkserver side
 _channel: tuple[int, int] | None = None   # the pipe offers arrive on (forkserver only)
 _busy = False
-_verdicts: dict[str, dict] = {}           # offer token -> verdicts, inherited by the next messenger
+_verdicts: dict[str | None, dict] = {}    # offer token -> verdicts, inherited by the next messenger
 
 
 def serve() -> None:
@@ -270,7 +250,7 @@ def _take(offer: dict) -> None:
             if probed.get(name) == "ok":
                 try:
                     __import__(name)
-                except BaseException as exc:  # noqa: BLE001 - the forkserver must go on
+                except BaseException as exc:  # the forkserver must go on
                     verdicts[name] = f"failed here: {type(exc).__name__}"
     _verdicts = {offer.get("token"): verdicts}
 
@@ -306,7 +286,7 @@ def _probe(names: list[str]) -> dict[str, str]:
                 threads, cuda = _threads(), _touched_cuda()
                 try:
                     __import__(name)
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     verdicts[name] = f"import failed: {type(exc).__name__}: {str(exc)[:100]}"
                     continue
                 why = ("started a thread" if _threads() > threads else

@@ -1,27 +1,11 @@
-"""A private network for a kernel's ranks: its own Linux network namespace, whose loopback no
-other process of the machine shares. ``NBDDP_PRIVATE_NET=1`` asks for it, ``0`` refuses it, and
-unset (``auto``) gives it where a class shares one server: a JupyterHub single-user server
-(``JUPYTERHUB_USER`` set) on a machine that allows it.
-
-Why: the rendezvous store (a TCPStore) has no authentication, and gloo's listeners take any
-connection; on loopback every local user can reach both (torchrun has the same exposure).
-Neither TCP on loopback nor torch lets a listener ask who connects (SO_PEERCRED is for unix
-sockets), so the only way to keep them to one user without changing the ranks' environment
-is to give them a loopback of their own.
-
-How: the forkserver enters a new network namespace before it imports anything (a root kernel
-needs no more; an unprivileged one first enters a new user namespace that maps its own uid and
-gid to themselves, so ``os.getuid()`` is unchanged), brings its loopback up, and everything it
-forks (ranks, spares, the process hosting the stores: nbddp/forkserver/storehost.py) lives there. The
-cost: ranks reach nothing beyond that loopback (no downloads, no other machine), and inside a
-user namespace files of other users show as owned by ``nobody``. This module is plain stdlib:
-it runs in the forkserver before torch, and in the probe (``unavailable``).
-
-Private fails closed: where the forkserver could not enter its network, it records why
-(nbddp/rank/netrecord.py), the process hosting the stores reports that and its network to the kernel, and
-the kernel refuses every launch in one line (nbddp/forkserver/storehost.py); a rank forked from
-such a forkserver refuses to run (nbddp/rank/worker.py).
-"""
+"""A private network for a kernel's ranks: a Linux network namespace whose loopback no other process
+of the machine shares. ``NBDDP_PRIVATE_NET=1`` asks for it, ``0`` refuses it, unset (``auto``)
+gives it on a JupyterHub single-user server (``JUPYTERHUB_USER``) where the machine allows it.
+Why: the rendezvous store and gloo's listeners take any connection from any local user, and TCP
+cannot say who connects; a loopback of their own keeps them to one user without changing the
+ranks' environment. The forkserver enters it (through a user namespace mapping its own ids when
+unprivileged) before it imports anything, so all it forks lives there. Stdlib only; fails closed
+(nbddp/forkserver/storehost.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -232,7 +216,8 @@ PROBE_S = 20.0
 def _probe() -> str:
     code = (f"import sys; sys.path[:] = {[p or os.getcwd() for p in sys.path]!r}; "
             f"from nbddp.forkserver import privnet; privnet.probe_main()")
-    command = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code]
+    # the interpreter's own -X/-W/-O flags for a child, as multiprocessing passes them (private: no stub)
+    command = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code]  # type: ignore[attr-defined]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_S,
                               stdin=subprocess.DEVNULL)
@@ -247,6 +232,6 @@ def probe_main() -> None:
     """The probe's body: can this process, started as the forkserver is, enter one?"""
     try:
         enter()
-    except Exception as exc:  # noqa: BLE001 - the one line the kernel shows
+    except Exception as exc:  # the one line the kernel shows
         sys.exit(str(getattr(exc, "strerror", None) or exc))
     sys.exit(0)

@@ -1,17 +1,11 @@
 """Ranks forked ahead of need, so a fresh ``%%ddp`` cell does not wait for its forks.
 
-Forking a torch-sized process costs ~5 ms in the forkserver and ~3 ms more before the child is
-ready, one rank after another on a 2-core laptop: half of a fresh 4-rank cell. So after each
-launch, in the background while the user reads the output, the same number of processes
-(at most ``NBDDP_SPARES``, default 8; 0 turns this off) are forked from the forkserver and wait,
-having run nothing, for their job. A cell takes them, sends each its rank's data (environment,
-argv, cwd, the cell) and they become ranks exactly as a fresh fork would: the job is applied
-after the fork either way. A spare that is not used stays idle; it ends with the kernel (its
-job pipe closes) and is named ``nbddp-spare`` in ``ps``/``top`` (``nbddp-rankN`` once it runs).
-
-The plumbing of one rank (pipes and its un-started process) is made here for every rank, spare
-or not, so both paths are the same code.
-"""
+After each launch, in the background, as many processes as it had ranks (at most
+``NBDDP_SPARES``; 0 turns this off) are forked from the forkserver and wait, having run nothing,
+for their job (environment, argv, cwd, the cell), applied after the fork exactly as for a fresh
+fork. An unused spare ends with the kernel (its job pipe closes); ``ps`` names it ``nbddp-spare``
+(``nbddp-rankN`` once it runs). One rank's plumbing (its pipes and un-started process) is made
+here for every rank, spare or not, so both paths are the same code."""
 from __future__ import annotations
 
 import atexit
@@ -21,16 +15,13 @@ import time
 
 from multiprocess.connection import Connection
 
-from nbddp.core import job as rankjob
-from nbddp.core import messages as msg
-from nbddp.forkserver import preload
-from nbddp.forkserver import starter
-from nbddp.core import settings
+from nbddp.core import job as rankjob, messages as msg, settings
+from nbddp.forkserver import preload, starter
 from nbddp.kernel import forkguard
 from nbddp.rank import worker
 
 _lock = threading.Lock()
-_stock: list["Plumbing"] = []
+_stock: list[Plumbing] = []
 _worker: threading.Thread | None = None  # the refill running now, if any
 _progress_at = 0.0  # when that refill last got on (started, began forking, forked, heard a spare ready)
 
@@ -63,7 +54,7 @@ class Plumbing:
         forkguard.hold(self.out_r, self.err_r, self.life_w, self.ctl.fileno(), self.job_w.fileno())
         self._child_ends = [Connection(out_w, readable=False), Connection(err_w, readable=False),
                             Connection(life_r, writable=False), ctl_w, job_r]
-        pipes = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends))
+        pipes = dict(zip(("stdout", "stderr", "lifeline", "ctl", "jobpipe"), self._child_ends, strict=True))
         pipes["spare"] = spare  # a spare says msg.READY on ctl once it waits for its job
         self.process = ctx.Process(target=worker.entry, args=(pipes,), name="nbddp-rank")
 
@@ -114,20 +105,18 @@ def usable(spec, pool_mode: bool) -> bool:
 def take(n: int) -> list[Plumbing]:
     """Up to ``n`` ready spares (dead ones are dropped). A refill that runs now is making these
     very processes: waiting for it costs no more than forking a second set beside it, which
-    would double the kernel's descriptors (12 a process while it starts: ~200 at once for two
-    ``-n 8`` sets) and compete for the same cores. So the cell waits as long as the refill gets
-    on, and gives up only where a fork request would be called stuck (a fixed 5 s was too short
-    on a loaded machine: the cell forked beside it, and 300 ``-n 8`` cells under a
-    256-descriptor limit hit "Too many open files" at cell 222 in a CI run). That includes the
-    refill's first step, offering the notebook's modules: its fork requests would wait behind
-    that offer in the forkserver anyway, and a cell that came then forked beside the refill's
-    forks (the same error at four test files at a time, 2026-12-05)."""
+    would double the kernel's descriptors (about a dozen a process while it starts) and compete
+    for the same cores. So the cell waits as long as the refill gets on, and gives up only where
+    a fork request would be called stuck: a shorter fixed wait lets a cell on a loaded machine
+    fork beside the refill, and run out of descriptors. That includes the refill's first step,
+    offering the notebook's modules: its fork requests would wait behind that offer in the
+    forkserver anyway."""
     thread = _worker
     while thread is not None and thread.is_alive():
         thread.join(0.05)
         if time.monotonic() - _progress_at > starter.answer_limit():
             break
-    got = []
+    got: list[Plumbing] = []
     with _lock:
         while _stock and len(got) < n:
             spare = _stock.pop(0)

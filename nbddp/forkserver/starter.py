@@ -21,11 +21,12 @@ import multiprocess
 from multiprocess import forkserver, spawn, util
 
 from nbddp.core.errors import NbddpError
-from nbddp.kernel import forkguard
-from nbddp.kernel import janitor
 from nbddp.forkserver import privnet
-from nbddp.forkserver.preload import NAMES as PRELOAD  # the list and the reason for each entry: nbddp/forkserver/preload.py
-from nbddp.forkserver.preload import PROBE_TIMEOUT_S
+from nbddp.forkserver.preload import (
+    NAMES as PRELOAD,  # the list and the reason for each entry: nbddp/forkserver/preload.py
+    PROBE_TIMEOUT_S,
+)
+from nbddp.kernel import forkguard, janitor
 from nbddp.rank import worker
 
 _lock = threading.Lock()
@@ -176,9 +177,9 @@ def ensure_forkserver() -> str | None:
         return None
     _children.pop(known, None)
     if before != after:
-        return ("the forkserver had ended (pid %d); started a new one, so this cell waits for "
-                "torch to be imported again" % known)
-    return "the forkserver had ended (pid %d); a new one was started in the background" % known
+        return (f"the forkserver had ended (pid {known}); started a new one, so this cell waits for "
+                "torch to be imported again")
+    return f"the forkserver had ended (pid {known}); a new one was started in the background"
 
 
 _starting = threading.local()
@@ -210,7 +211,7 @@ def _flush_unless_starting():
     repeat buffered output. A rank is forked by the forkserver (or spawned), never from the
     kernel, so there is nothing to protect; and in ipykernel a flush from a thread other than
     the IO thread gives that thread a zmq socket of its own (an eventfd), closed only by
-    ipykernel's sweep 10-20 s after the thread ended: 8 per ``-n 8`` cell's start threads."""
+    ipykernel's sweep 10-20 s after the thread ended: one per start thread."""
     if not getattr(_starting, "active", False):
         _original_flush()
 
@@ -291,15 +292,15 @@ def answer_limit() -> float:
 def _not_answered_yet() -> bool:
     """The running forkserver has not forked a rank yet (it may still be importing torch), or
     the one that has is gone: the next start makes a new one, which imports torch first (a
-    limit taken before that start must not be the warm one's 10 s)."""
+    limit taken before that start must not be the warm one's FORK_ANSWER_S)."""
     pid = forkserver._forkserver._forkserver_pid
     return _answered is None or _answered != pid or _ended(pid, 0)
 
 
 def start_all(processes, limit: float | None = None) -> None:
-    """Start several ranks at once. Each start waits ~5 ms for the forkserver to fork a
-    torch-sized process; in threads (the wait releases the GIL) one rank's fork overlaps the
-    next one's pickling, which shortens a 4-rank launch by a third. Returns when every start
+    """Start several ranks at once. Each start waits for the forkserver to fork a torch-sized
+    process; in threads (the wait releases the GIL) one rank's fork overlaps the next one's
+    pickling (docs/explanation/performance.md). Returns when every start
     has returned (an interrupt meanwhile is re-raised after, so no rank starts unseen). With
     ``limit``, a forkserver that has not forked them all by then is killed (the blocked starts
     then fail at once) and ForkserverStuck is raised: a stuck forkserver never holds the
@@ -334,7 +335,7 @@ def _start_each(processes, limit):
     def one(process):
         try:
             start(process)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
 
     threads = [threading.Thread(target=one, args=(p,), name="nbddp-start", daemon=True) for p in processes]

@@ -1,20 +1,11 @@
-"""The process that hosts every launch's rendezvous store, and answers the CUDA device count, so
-the notebook kernel never imports torch (a kernel with torch is ~250 MB; without, ~60 MB:
-docs/explanation/performance.md). One small process forked by the forkserver (torch is
-preloaded there) hosts the stores on request and ends with the kernel (its pipe closes). In a
-private network (``NBDDP_PRIVATE_NET=1``, nbddp/forkserver/privnet.py) it must be this way anyway:
-a TCPStore's master also connects to itself, so it must live in the ranks' network namespace,
-which the kernel (it has threads) cannot enter. Requests, one at a time over that pipe:
-``("host", master_addr, port)`` → ``("ok", port)`` | ``("error", one line)``;
-``("drop", port)`` when the launch that used it has ended; ``("devices", env)`` →
-``("ok", count)``: torch's CUDA device count under the kernel's ``CUDA_VISIBLE_DEVICES`` and the
-like (this process is a leaf: CUDA initialised here harms no fork).
-
-Fail closed: the host says, when it is ready, which network it is in and whether the forkserver
-it was forked from could not enter the private one (nbddp/rank/netrecord.py); a launch is refused in
-one line (``NotPrivate``) where it could not, where the host or the forkserver is on the
-kernel's own network, or where the two differ, before any rank starts.
-"""
+"""The process that hosts every launch's rendezvous store and answers the CUDA device count, so the
+kernel never imports torch. Forked by the forkserver, it ends with the kernel (its pipe closes);
+a TCPStore's master connects to itself, so in a private network it must live in the ranks'
+namespace, which the kernel (it has threads) cannot enter. Requests, one at a time over the pipe:
+``("host", master_addr, port)`` → ``("ok", port)`` | ``("error", one line)``; ``("drop", port)``
+once its launch ended; ``("devices", env)`` → ``("ok", count)`` (a leaf: CUDA here harms no fork).
+Fails closed: when ready it says its network (nbddp/rank/netrecord.py); a launch is refused in one
+line (``not_private``) where private was asked and it or its forkserver is not, before any rank."""
 from __future__ import annotations
 
 import atexit
@@ -26,8 +17,7 @@ import multiprocess.forkserver
 
 from nbddp.core import settings
 from nbddp.core.errors import DDPUsageError
-from nbddp.forkserver import privnet
-from nbddp.forkserver import starter
+from nbddp.forkserver import privnet, starter
 from nbddp.forkserver.tcpstore import host_store
 from nbddp.kernel import forkguard
 from nbddp.rank import netrecord
@@ -42,7 +32,7 @@ _host: dict = {}  # "conn", "process", "net" of the running host, once started
 def serve(conn) -> None:
     """The host's loop (in a process forked by the forkserver): until the kernel goes away."""
     set_name(b"nbddp-stores")
-    stores = {}
+    stores: dict[int, object] = {}  # port -> its TCPStore, held until the kernel goes
     if netrecord.is_private():
         privnet.answer_names()
     conn.send(("ready", privnet.network_id(), netrecord.failure()))

@@ -1,23 +1,10 @@
-"""The TCPStore server a launch's ranks meet at, on a listening socket nbddp binds itself: the one
-binding of it, used by the kernel (nbddp/sources/rendezvous.py) and by the process hosting the
-stores in the private network (nbddp/forkserver/storehost.py). torch is imported only when a
-store starts.
-
-nbddp binds the store's listening socket itself, for two reasons:
-
-- The store has no authentication, so when the master address is local (``localhost``,
-  ``127.0.0.1``, ``::1``: every rank is on this machine) the socket is bound to that loopback
-  address: nobody on the network can reach it. A non-local ``--master-addr`` (other nodes must
-  connect) listens on every interface, as torch's own listener does.
-- Where ranks reach the master over IPv4 (the name has no IPv6 address, as ``localhost`` where
-  /etc/hosts lists only 127.0.0.1), the socket is an IPv4 one, not torch's dual-stack ``::``:
-  torch names every accepted peer with ``getnameinfo()`` without ``NI_NUMERICHOST``, and on a
-  dual-stack socket the peer is ``::ffff:127.0.0.1``, which no ``/etc/hosts`` lists, so each
-  rank's connection cost a DNS query in the store's single server thread; where the DNS server
-  drops a packet that is glibc's 5 s resolver timeout, and every rank of the launch waits it
-  out. On an IPv4 socket the peer is ``127.0.0.1``: no query. docs/explanation/performance.md
-  ("The 5 s init_process_group stalls") has the evidence.
-"""
+"""The TCPStore server a launch's ranks meet at, on a socket nbddp binds itself: the one binding,
+used by the kernel (nbddp/sources/rendezvous.py) and the store host (nbddp/forkserver/storehost.py);
+torch is imported only when a store starts. Why bind it here: the store has no authentication, so
+a local master address gets a socket on that loopback only (a non-local ``--master-addr`` listens
+everywhere, as torch does); and ranks reaching the master over IPv4 get an IPv4 socket, not torch's
+dual-stack one, so each accepted peer is ``127.0.0.1`` named from /etc/hosts, not
+``::ffff:127.0.0.1`` by a DNS query that can stall every rank (docs/explanation/performance.md)."""
 from __future__ import annotations
 
 import functools
@@ -72,7 +59,7 @@ def loopback_addresses(master_addr: str, port: int) -> list:
         found = socket.getaddrinfo(master_addr, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
     except socket.gaierror:
         return []
-    return found if all(_is_loopback(info[4][0]) for info in found) else []
+    return found if all(isinstance(info[4][0], str) and _is_loopback(info[4][0]) for info in found) else []
 
 
 def _is_loopback(address: str) -> bool:
@@ -93,7 +80,7 @@ def reaches_over_ipv4(master_addr: str) -> bool:
                                    socket.AI_V4MAPPED | socket.AI_ALL)
     except (OSError, AttributeError):  # AttributeError: no AI_V4MAPPED on this platform
         return False
-    return bool(found) and found[0][4][0].startswith("::ffff:")
+    return bool(found) and str(found[0][4][0]).startswith("::ffff:")
 
 
 def _ipv4_listener(master_addr: str, port: int) -> socket.socket | None:

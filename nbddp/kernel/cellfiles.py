@@ -9,8 +9,8 @@ every rank, however it ended.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from nbddp.kernel import cellscript, pushing
 

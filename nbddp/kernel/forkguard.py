@@ -1,18 +1,11 @@
 """Descriptors only the kernel may hold, closed in every child the kernel forks.
 
-nbddp's cleanup after a killed kernel waits for pipes to reach their end of file: the watcher's
-(nbddp/kernel/janitor.py), the forkserver's "alive" pipe, the resource tracker's, each rank's
-lifeline. A child the kernel forks without exec (``os.fork()``, multiprocessing's or
-``ProcessPoolExecutor``'s fork workers, the default before Python 3.14) inherited their write
-ends and held them after the kernel died: the watcher, the forkserver and the resource tracker
-stayed, with the folders they were to remove. So one ``os.register_at_fork`` hook closes, in
-such a child, every descriptor registered here (``hold``) and runs the registered resets
-(``on_child``: the child forgets the kernel's forkserver and tracker and starts its own if it
-uses them). A descriptor is closed only if it is still the file it was when registered (its
-device and inode), so a closed one whose number was reused is left alone.
-
-Only the kernel registers anything: the forkserver and ranks run no hook of this module.
-"""
+nbddp's cleanup after a killed kernel waits for pipes to reach their end of file (the watcher's,
+the forkserver's "alive" pipe, the resource tracker's, each rank's lifeline); a child forked
+without exec (``os.fork()``, multiprocessing's fork workers) that kept their write ends would keep
+those helpers and their folders alive after the kernel. So one ``os.register_at_fork`` hook closes
+in such a child every descriptor registered here (``hold``), if it is still the same file (device
+and inode), and runs the resets registered by ``on_child``. Only the kernel registers anything."""
 from __future__ import annotations
 
 import os
@@ -76,5 +69,5 @@ def _in_child() -> None:
     for reset in resets:
         try:
             reset()
-        except Exception:  # noqa: BLE001 - a fork must never fail here
+        except Exception:  # a fork must never fail here
             pass

@@ -1,29 +1,16 @@
 """What this kernel has seen of each front end, per front-end session (the ``session`` of the
 messages a browser tab, VS Code window or client sends), for nbddp/core/frontends.py to choose a
-view from:
-
-- the round trip: once per session that names a widget front end (JupyterLab, Notebook 7, VS
-  Code), the kernel opens a small ipywidgets model; a front end without a widget manager answers
-  with ``comm_close`` for the target it does not know (JupyterLab's kernel connection does), and
-  the kernel handles that answer between cells. Probes stay open (one small model per session in
-  a front end that has a manager), so an answer that comes late still counts.
-- ipywidgets' ``jupyter.widget.control`` comm, opened by a widget manager when it connects to a
-  kernel that has ipywidgets imported: recorded for the session that opened it, not kernel-wide
-  (ipywidgets' own ``Widget._control_comm`` stays set after that browser tab is gone). A fresh
-  kernel has no ipywidgets when the page connects, so JupyterLab 4 does not open it then.
-- the drawing: with the probe, two ipywidgets 8 HTML widgets joined by ``jslink``; a manager
-  that builds them sends the linked value back (recorded for the session that sent it; JupyterLab
-  4.6 and Notebook 7 do, tests/test_browser.py). A JupyterLab session that sent a cell
-  ANSWER_WINDOW_S after its probe went out, and never answered, cannot draw the live view (an
-  ipywidgets 7 manager).
-
-A "Run all" sends its cells before the answer can come back, so the cell right after
-``%load_ext`` may still be chosen from the metadata alone; every later cell knows.
-"""
+view from: whether it answered the small ipywidgets probe the kernel opens once per widget-front-
+end session with ``comm_close`` (no widget manager), whether it opened ipywidgets'
+``jupyter.widget.control`` comm (recorded per session, not kernel-wide as ipywidgets keeps it),
+and whether it drew the probe's two ``jslink``-ed widgets and sent the linked value back. Probes
+stay open, so a late answer still counts; a "Run all" sends its cells before any answer, so the
+cell right after ``%load_ext`` may be chosen from the metadata alone."""
 from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Any
 
 from nbddp.core import settings
 from nbddp.core.frontends import WIDGETS_MAJOR, Evidence, SendClock, front_end_name, ignored, major
@@ -65,7 +52,7 @@ def ipywidgets_version() -> str | None:
 def _comm_managers(shell):
     """The comm managers ipywidgets may have registered its targets with (ipykernel < 6.22 has
     its own; later ones and ipywidgets 8 use the ``comm`` package's)."""
-    found = []
+    found: list[Any] = []
     try:
         import comm
 
@@ -91,7 +78,7 @@ def _watch_control_comm(shell) -> None:
                 closed_sessions.discard(session)
             return _handler(comm, msg)
 
-        recording._nbddp = True
+        recording._nbddp = True  # type: ignore[attr-defined]  # marks nbddp's handler (never installed twice)
         manager.targets[CONTROL_TARGET] = recording
 
 

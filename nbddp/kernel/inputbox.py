@@ -1,14 +1,11 @@
 """The notebook's input box for a rank's prompt: an ``input_request`` on the kernel's stdin
 channel, as ``input()`` in a plain cell sends, answered without blocking the launch.
 
-ipykernel's own ``raw_input`` waits for the reply in a loop of its own, deaf to everything else;
-a launch must go on meanwhile (other ranks' output, the stop button, ranks that end), so the
-request is sent here and the reply looked for at each turn of the supervisor's loop
-(``answer``, which never waits). The request goes to the front end of the cell running now
-(ipykernel's parent header and identity of the execute request), only where that front end
-said it can answer (``allow_stdin``: papermill and nbclient say no; ``nbddp.run`` outside a
-kernel has none): ``InputBox.for_this_cell()`` is None otherwise.
-"""
+ipykernel's own ``raw_input`` waits for the reply deaf to everything else, but a launch must go on
+(other ranks' output, the stop button), so the request is sent here and the reply looked for at
+each turn of the supervisor's loop (``answer``, which never waits). It goes to the front end of the
+cell running now, only where that front end can answer (``allow_stdin``: not papermill, nbclient
+or ``nbddp.run`` outside a kernel): ``InputBox.for_this_cell()`` is None otherwise."""
 from __future__ import annotations
 
 import sys
@@ -23,7 +20,7 @@ class InputBox:
         self.waiting: str | None = None  # the msg_id of the input_request shown now
 
     @classmethod
-    def for_this_cell(cls) -> "InputBox | None":
+    def for_this_cell(cls) -> InputBox | None:
         """The running cell's front end, if it can answer input requests; else None (also for a
         launch from another thread: the cell's request, and the stop button, are the main thread's)."""
         if threading.current_thread() is not threading.main_thread():

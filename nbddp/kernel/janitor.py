@@ -1,28 +1,11 @@
-"""Nothing of a kernel outlives it: a small watcher process ends what the kernel leaves behind
-and removes its folders, however the kernel ends (SIGKILL of it alone or of its process group
-included), within a few seconds.
-
-The kernel tells the watcher, over a pipe whose only write end it holds, which folders to remove
-and which pipes its helpers hold (the forkserver's "alive" pipe, the resource tracker's pipe,
-a spawned rank's pipes): every process forked from the forkserver (a rank, a spare, a rank's own
-forked children) keeps the write end of those two. When the pipe reaches EOF (the kernel ended)
-the watcher looks in /proc for the processes that still hold one of those pipes — found by the
-pipe's inode, so a reused pid is never hit — and ends them:
-- holders of a write end (ranks, spares: a rank stuck in C holding the GIL cannot run its own
-  lifeline thread) at once, with their process group when they lead one;
-- holders of only a read end (the forkserver, the resource tracker: they end by themselves once
-  the writers are gone, the tracker after unlinking what ranks leaked) after a grace period, in
-  case they are stuck (a forkserver that never gets back to its loop).
-Then it removes the folders (``remove_at_exit``: nbddp's log folders, multiprocess's ``pymp-*``)
-and the folders that were created empty for nothing (``remove_if_empty_at_exit``).
-
-The watcher runs this file with ``python -I -S`` (standard library only), in a session of its
-own (the stop button's SIGINT and a kill of the kernel's group do not reach it), ignores SIGINT,
-SIGTERM and SIGHUP (a service manager's stop, a closed terminal), and is not the kernel's
-child. It cannot outlive the kernel: the pipe it reads is non-inheritable, and a child the
-kernel forks (``os.fork()``, multiprocessing's fork workers) closes it at once
-(nbddp/kernel/forkguard.py), so only the kernel holds its write end.
-"""
+"""Nothing of a kernel outlives it: a small watcher process ends what the kernel leaves behind and
+removes its folders (``remove_at_exit``), however the kernel ends (SIGKILL of its group included).
+The kernel tells it, over a pipe whose only write end it holds, the folders and its helpers'
+pipes; at that pipe's EOF the watcher finds in /proc (by pipe inode, never by pid) who still holds
+one: writers (ranks, spares: one stuck in C cannot run its lifeline) end at once, readers (the
+forkserver, the resource tracker) after a grace period; then the folders go. It runs ``python -I
+-S`` in a session of its own, ignores SIGINT/SIGTERM/SIGHUP and is not the kernel's child; a child
+the kernel forks closes its pipe (nbddp/kernel/forkguard.py), so only the kernel holds it."""
 from __future__ import annotations
 
 import atexit
@@ -183,7 +166,8 @@ def remove(path: str) -> None:
 def holders(entries, inodes) -> tuple[set[int], set[int]]:
     """``entries``: (pid, pipe inode, writable) for every open pipe end seen. The pids that
     hold a write end of one of ``inodes``, and those that hold only read ends of them."""
-    writers, readers = set(), set()
+    writers: set[int] = set()
+    readers: set[int] = set()
     for pid, inode, writable in entries:
         if inode in inodes:
             (writers if writable else readers).add(pid)

@@ -1,17 +1,11 @@
 """Where a launch's logs go, and how long they stay.
 
-The kernel's default folder (``/tmp/nbddp-*``, 0700) keeps the last ``KEEP`` launches' folders
-(0700, files 0600) while the kernel runs and is removed when the kernel exits — also when it is
-killed, by the watcher that waits for the kernel's end on a pipe (nbddp/kernel/janitor.py). A ``--log-dir``
-folder is the user's: nbddp never deletes anything in it but its own ``status/`` folder.
-
-A folder another user can write is a folder where they can plant ``rank0.stdout -> ~/.bashrc``
-(or a status file naming a pid for the kernel to signal), so ``check_log_dir`` refuses a
-``--log-dir`` that another user owns or can write (its parents are not checked: a folder in a
-sticky ``/tmp`` is fine), and every file nbddp writes there is opened by ``private``: never
-through a symbolic link, and made anew (``O_EXCL``) where it is created, so an old file of the
-same name — link, hard link or not — is replaced, never written through.
-"""
+The kernel's default folder (``/tmp/nbddp-*``, 0700) keeps the last ``KEEP`` launches' folders and
+is removed when the kernel exits, or is killed (nbddp/kernel/janitor.py). A ``--log-dir`` folder
+is the user's: nbddp deletes nothing in it but its own ``status/``. Another user who can write a
+folder can plant ``rank0.stdout -> ~/.bashrc``, so ``check_log_dir`` refuses a ``--log-dir`` another
+user owns or can write, and ``private`` opens every file nbddp writes never through a link and
+made anew (``O_EXCL``) where created."""
 from __future__ import annotations
 
 import os

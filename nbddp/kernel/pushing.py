@@ -1,13 +1,10 @@
 """``--push``: the notebook's values are serialized once (dill) into one file in shared memory
-(``/dev/shm``, else the temp folder), and every rank maps that same file. Only the file's name
-travels to the ranks, so the kernel's extra memory stays about 1x the values whatever the number
-of ranks (it was ranks x size when each rank got its own copy over a pipe).
-
-CPU tensors go out of band (pickle protocol 5): their bytes are written straight from the
-tensor's memory after the pickle stream, and a rank copies them out of its map into a storage
-of its own, with no torch.save round trip at either end; views keep sharing their storage.
-A rank reads the file with nbddp/rank/pushed.py. The file is removed when the cell ends, and with the kernel (nbddp/kernel/janitor.py) if it is killed.
-"""
+(``/dev/shm``, else the temp folder) that every rank maps; only the file's name travels, so the
+kernel's extra memory stays about 1x the values whatever the number of ranks. CPU tensors go out
+of band (pickle protocol 5): their bytes follow the pickle stream, written straight from the
+tensor's memory, and a rank copies them into a storage of its own (views keep sharing theirs).
+Ranks read it with nbddp/rank/pushed.py; the file goes when the cell ends, or with the kernel
+(nbddp/kernel/janitor.py)."""
 from __future__ import annotations
 
 import copyreg
@@ -21,8 +18,8 @@ import tempfile
 import uuid
 
 from nbddp.kernel.janitor import remove_at_exit
-from nbddp.rank.pushed import rebuild_storage, rebuild_tensor  # what a rank rebuilds tensors with (by name)
 from nbddp.kernel.logdirs import private
+from nbddp.rank.pushed import rebuild_storage, rebuild_tensor  # what a rank rebuilds tensors with (by name)
 
 _folder: str | None = None
 
@@ -35,7 +32,7 @@ def pack(values: dict | None) -> dict | None:
 
     path = os.path.join(_shared_folder(), f"push-{uuid.uuid4().hex}.dill")
     try:
-        stream, buffers = io.BytesIO(), []
+        stream, buffers = io.BytesIO(), list[pickle.PickleBuffer]()
         pickler = dill.Pickler(stream, protocol=5, recurse=True, buffer_callback=buffers.append)
         _send_tensors_out_of_band(pickler)
         pickler.dump(dict(values))
@@ -58,7 +55,7 @@ def _send_tensors_out_of_band(pickler) -> None:
     torch = sys.modules.get("torch")
     if torch is None:
         return
-    blobs = {}  # one blob per storage, so views of it share it again in the rank
+    blobs: dict[int, _Blob] = {}  # one blob per storage, so views of it share it again in the rank
 
     def reduce_tensor(t):
         if not _plain_cpu_tensor(torch, t):

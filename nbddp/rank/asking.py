@@ -1,14 +1,10 @@
 """Inside a rank: ``input()``, ``sys.stdin.readline()``, ``breakpoint()``, ``pdb.set_trace()`` and
-``pdb.post_mortem()`` ask the notebook. The rank sends its prompt to the kernel on its control
-pipe (msg.ASK) and blocks until the line typed in the notebook's input box comes back
-(msg.ANSWER); the kernel serves one rank at a time (nbddp/sources/asking.py). Where no front end
-can answer (papermill, nbclient, nbddp.run outside a notebook) the kernel says so at once
-(msg.NO_ANSWER) and ``input()`` fails as it always did here (NoStdin, with the --push hint).
-
-pdb is this rank's: its prompt names the rank (``(Pdb rank 1)``), Ctrl-C (the stop button)
-is not swallowed at its prompt, and ``c`` leaves nbddp's SIGINT handler in place. Imported by
-worker.py (preloaded in the forkserver): stdlib only.
-"""
+``pdb.post_mortem()`` ask the notebook. The rank sends its prompt on its control pipe (msg.ASK)
+and blocks until the line typed in the notebook's input box comes back (msg.ANSWER; the kernel
+serves one rank at a time, nbddp/sources/asking.py); where no front end can answer (msg.NO_ANSWER)
+``input()`` raises NoStdin. pdb is this rank's: its prompt names the rank (``(Pdb rank 1)``),
+Ctrl-C is not swallowed at its prompt, and ``c`` leaves nbddp's SIGINT handler in place.
+Imported by worker.py (preloaded in the forkserver): stdlib only."""
 from __future__ import annotations
 
 import bdb
@@ -18,6 +14,7 @@ import itertools
 import pdb
 import sys
 import threading
+from typing import Any, NoReturn
 
 from nbddp.core import messages as msg
 from nbddp.rank.nostdin import MESSAGE, NoDebugger, NoStdin
@@ -30,7 +27,7 @@ class _NotFirst(Exception):
     """--pdb: another rank failed first and is (or was) in the debugger."""
 
 
-_STATE = {"ctl": None, "rank": 0, "debugging": 0, "post_mortem": False}
+_STATE: dict[str, Any] = {"ctl": None, "rank": 0, "debugging": 0, "post_mortem": False}
 _lock = threading.Lock()
 _ids = itertools.count(1)
 
@@ -40,7 +37,8 @@ def install(ctl, rank: int) -> None:
     _STATE.update(ctl=ctl, rank=rank)
     builtins.input = ask_input
     sys.stdin = NotebookStdin()
-    pdb.Pdb = RankPdb  # pdb.set_trace(), pdb.post_mortem() and breakpoint() make one
+    # pdb.set_trace(), pdb.post_mortem() and breakpoint() make one (this rank's pdb module, replaced on purpose)
+    pdb.Pdb = RankPdb  # type: ignore[misc]
 
 
 def ask(prompt: str) -> str:
@@ -72,13 +70,13 @@ def _take_turn() -> None:
         _refused(reply)
 
 
-def _refused(reply):
+def _refused(reply: tuple[Any, ...]) -> NoReturn:
     if reply[2] == msg.NOT_FIRST:
         raise _NotFirst()
     raise NoDebugger(f"breakpoint(): {NO_DEBUGGER}")
 
 
-def _request(prompt: str | None, purpose: str):
+def _request(prompt: str | None, purpose: str) -> tuple[Any, ...]:
     """Send msg.ASK (``prompt`` None: only the turn) and wait for its answer."""
     for stream in (sys.stdout, sys.stderr):  # what came before the prompt is shown before it
         try:
@@ -103,12 +101,13 @@ def ask_input(prompt="") -> str:  # replaces the builtin inside this rank only
 
 class NotebookStdin(io.TextIOBase):
     """sys.stdin: each line read is asked for in the notebook; where no one can answer it is at
-    its end, as the /dev/null it replaces was."""
+    its end, as /dev/null would be."""
 
     def readable(self) -> bool:
         return True
 
-    def readline(self, size=-1) -> str:
+    # typeshed types io.TextIOBase.readline as str, but checks it against IOBase's bytes too
+    def readline(self, size: int = -1) -> str:  # type: ignore[override]
         try:
             return ask("") + "\n"
         except EOFError:

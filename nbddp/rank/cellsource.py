@@ -1,19 +1,10 @@
-"""Where a torchrun rank reads the cell from: nbddp's own copy, not whatever the script's path
-names by then.
-
-Each torchrun start and restart runs ``python -m nbddp.rank.torchrun_rank SCRIPT``, and
-``SCRIPT`` is the hidden ``.nbddp-<kernel pid>.py`` beside the notebook (nbddp/kernel/cellscript.py),
-so that ``__file__``, ``sys.argv[0]``, ``Path(__file__).parent`` and hydra's ``config_path="."``
-see what ``torchrun script.py`` run from the notebook's folder gives. In a group-writable folder
-another user can ``rename()`` a file of their own over that name between two starts, and the
-next restart would run their code as the user. So the kernel also names the copy it wrote in
-the launch's 0700 log folder (``SOURCE_VAR``), and the rank reads the source from there,
-keeping the script's path for ``__file__``/``sys.argv[0]`` and tracebacks: the path stays
-torchrun-like, the code run is the code nbddp wrote. (An open descriptor was the other way:
-torchrun starts its ranks with ``close_fds``, so none would reach them.) On a node without that
-copy (another node of a Slurm job, where the folder is the shared ``.nbddp-slurm/``), or with
-no copy named, the script's path is read as before.
-"""
+"""Where a torchrun rank reads the cell from: nbddp's own copy, not whatever the script's path names
+by then. Each torchrun (re)start runs ``python -m nbddp.rank.torchrun_rank SCRIPT``, SCRIPT being
+the hidden script beside the notebook (nbddp/kernel/cellscript.py) so ``__file__`` is torchrun-like;
+in a group-writable folder another user could ``rename()`` a file over it before a restart. So the
+rank reads the source from the copy in the launch's 0700 log folder (``SOURCE_VAR``), keeping the
+script's path for ``__file__`` and tracebacks; without that copy (another Slurm node, or none
+named) it reads the script's path."""
 from __future__ import annotations
 
 import os

@@ -13,16 +13,19 @@ import builtins
 import io
 import sys
 import threading
+import types
+from typing import Any
 
 import IPython.display as _ipython_display
 from IPython.core import display as _core_display
 
+from nbddp.core import messages as msg
+
+_display_functions: types.ModuleType
 try:
     import IPython.core.display_functions as _display_functions  # IPython 8: display() moved here
 except ImportError:  # IPython 7 (Colab's 7.34): it is IPython.core.display's
     _display_functions = _core_display
-
-from nbddp.core import messages as msg
 
 MAX_BUNDLE_BYTES = 8 << 20  # bigger bundles are replaced by a one-line note
 
@@ -35,10 +38,12 @@ def install(ctl) -> None:
     """Route this process's display() calls (and the inline matplotlib backend's) to ``ctl``."""
     global _ctl
     _ctl = ctl
-    builtins.display = display
-    for module in (_ipython_display, _display_functions, _core_display):
+    # the name rebound in each module that holds one; the builtin is IPython's addition (no stub has it)
+    builtins.display = display  # type: ignore[attr-defined]
+    modules: tuple[Any, ...] = (_ipython_display, _display_functions, _core_display)  # which has it varies
+    for module in modules:
         module.display = display
-    inline = sys.modules.get("matplotlib_inline.backend_inline")
+    inline: Any = sys.modules.get("matplotlib_inline.backend_inline")
     if inline is not None:  # imported before this rank started: rebind its module-level name
         inline.display = display
 

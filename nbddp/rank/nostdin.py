@@ -2,7 +2,7 @@
 debugger. nbddp's own ranks ask the notebook instead (nbddp/rank/asking.py) and fail this way
 only where no front end can answer; torchrun's ranks (nbddp/rank/torchrun_rank.py) have no way
 back to the notebook at all, so there ``install`` makes both fail. Still an EOFError for
-``input()``, so code that catches it works as before. Stdlib (and nbddp.core.errors) only."""
+``input()``, so code that catches that works unchanged. Stdlib (and nbddp.core.errors) only."""
 from __future__ import annotations
 
 import builtins
@@ -29,7 +29,7 @@ def install() -> None:
     """input() and the debugger fail at once, naming the cause (a torchrun rank)."""
     import pdb
 
-    def input(prompt=""):  # noqa: A001 - replaces the builtin inside this rank only
+    def input(prompt=""):  # replaces the builtin inside this rank only
         shown = f"input({str(prompt)!r}): " if prompt else "input(): "
         raise NoStdin(shown + MESSAGE)
 
@@ -38,4 +38,4 @@ def install() -> None:
             raise NoDebugger(f"breakpoint(): {TORCHRUN_DEBUGGER}")
 
     builtins.input = input
-    pdb.Pdb = NoPdb
+    pdb.Pdb = NoPdb  # type: ignore[misc]  # this rank's pdb module, replaced on purpose

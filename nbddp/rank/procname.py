@@ -3,9 +3,10 @@
 themselves; the forkserver's store host (nbddp/forkserver/storehost.py) uses it too."""
 from __future__ import annotations
 
-try:  # loaded once, in the forkserver
-    import ctypes
+import ctypes
 
+_LIBC: ctypes.CDLL | None
+try:  # loaded once, in the forkserver
     _LIBC = ctypes.CDLL(None)
 except Exception:  # pragma: no cover - not Linux
     _LIBC = None

@@ -1,21 +1,19 @@
 """Inside a rank: write this process's Python stacks to a file whenever the kernel asks, without
 interrupting anything the rank is doing.
 
-A signal would reach the rank's main thread in the middle of a system call; the ones c10d sleeps
-or polls in (nanosleep, poll) are never restarted, so c10d printed "Interrupted system call" and
-~50 C++ frames. Instead a thread waits on a FIFO next to the stack file (``<stacks>.ask``) and
-dumps every thread's stack with faulthandler when a byte arrives: the main thread's system call
-is untouched. The thread needs the GIL; for a rank stuck in C code that holds it, the kernel
-falls back to SIGUSR1 (registered here too, restartable where the kernel allows).
-
-Imported by worker.py (preloaded in the forkserver) and torchrun_rank.py: stdlib only.
-"""
+A signal would break the main thread's system call (c10d's sleeps and polls are not restarted), so
+a thread waits on a FIFO beside the stack file (``<stacks>.ask``) and dumps every thread's stack
+with faulthandler when a byte arrives. For a rank stuck in C holding the GIL the kernel falls
+back to SIGUSR1 (registered here too, restartable where the kernel allows). Imported by worker.py
+(preloaded in the forkserver) and torchrun_rank.py: stdlib only."""
 from __future__ import annotations
 
 import faulthandler
 import os
 import signal
 import threading
+
+from nbddp.rank import release
 
 SIGNAL = signal.SIGUSR1
 ASK_SUFFIX = ".ask"
@@ -53,10 +51,15 @@ def serve(stack_path: str):
 def _answer(fd: int, stack_file) -> None:
     while True:
         try:
-            if not os.read(fd, 64):
-                return
+            asked = os.read(fd, 64)
         except OSError:
             return
+        if not asked:
+            return
+        if release.REQUEST in asked:  # a pool rank blocked in a collective (nbddp/rank/release.py)
+            release.release()
+            if not asked.strip(release.REQUEST):
+                continue
         try:
             faulthandler.dump_traceback(file=stack_file, all_threads=True)
             os.write(stack_file.fileno(), END_MARK.encode())  # the reader need not guess

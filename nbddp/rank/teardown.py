@@ -1,46 +1,11 @@
-"""In a rank: ``torch.distributed.destroy_process_group`` never lets gloo's teardown deadlock.
-
-Why (torch 2.13, gloo; seen in a DDP training cell ending in destroy + return): a gloo work item
-keeps the thread-local state of the thread that issued it, and DDP's gradient all-reduces are
-issued inside ``backward()``, where torch stashes a Python object (a ``SafePyObject``) in that
-state. The worker thread that ran the work drops it after the fact, holding gloo's work mutex,
-and needs the GIL to free that object. If at that moment the main thread frees the last
-reference to the process group (DDP's Reducer freed on return, after
-``destroy_process_group()``), ``~ProcessGroupGloo`` takes the same mutex while holding the GIL:
-a deadlock (pytorch#56297's class). gdb on a hung rank shows exactly that: the main thread in
-``Reducer::~Reducer → ~ProcessGroupGloo → pthread_mutex_lock``, a ``pt_gloo_runloop`` thread in
-``~AsyncWork → ~ThreadLocalState → take_gil``. How often depends on how soon the worker thread
-is scheduled: 4 of 300 launches of tests/test_training_soak.py's cell (three loops at once on 2
-cores), 1 of 30 with the 5 ms GIL-releasing pause nbddp used before when the test suite ran
-three files at a time; a pause only makes it rarer.
-
-So the rank's ``destroy_process_group`` keeps the groups it destroys (``_RETIRED``): torch
-unregisters them as usual (``is_initialized()`` is False, a new ``init_process_group`` works),
-but no reference the cell drops can be the last, so ``~ProcessGroupGloo`` never runs inside a
-cell. A fresh rank ends with ``os._exit`` (nbddp/rank/worker.py), so it never runs at all; a
-pool rank frees a cell's retired groups two cells later (``release_retired``), after it has
-waited for the kernel twice with the GIL released, long after gloo's threads dropped their work.
-
-The same wrapper keeps group names counting: torch resets its group counter when the default
-group is destroyed, so the next ``init_process_group`` in the process (a second init in a cell,
-the next cell in a pool) gets the same name, and gloo's rendezvous keys on the store ("0/rank_1")
-are those of the last group. A rank that reads a peer's address before the peer has rewritten it
-connects to the old group: "Gloo connectFullMesh failed ... Connection refused" (5 of 10
-launches of four init/all_reduce/destroy rounds in one cell, torch as it is; the same under
-torchrun, whose store outlives the groups), or a hang where the old group's listener is kept. With
-the count kept, each init's keys are its own (0 of 10).
-
-A second race of the same kind, at the other end: gloo's ``init_process_group`` returns on a
-rank as soon as *its* side of every connection is made, while a peer may still be completing
-its own handshake (``connectFullMesh``). A rank that then ends at once (``destroy_process_group()``
-right after init, or the cell simply returning, as lesson 01's first cell does) closes its
-sockets under that peer, which fails with "Gloo connectFullMesh failed ... Connection closed by
-peer" (measured: 14 of 100 four-rank launches of init + destroy with both cores busy; the same
-under torchrun, whose agent does nothing here). torch has the cure behind a switch
-(``TORCH_DIST_INIT_BARRIER=1``: a store-based barrier after init); setting it would change the
-ranks' environment, so the rank's ``init_process_group`` does that barrier itself for gloo's
-default group: every rank returns from init only once all have finished theirs.
-"""
+"""In a rank: torch.distributed's init and destroy wrapped so a gloo group's teardown never deadlocks
+and a new group never meets an old one (evidence: docs/explanation/reliability.md). Destroyed
+groups are kept (``_RETIRED``) so no reference a cell drops is the last: freeing a gloo group while
+its worker thread still drops a ``backward()`` work item deadlocks on the GIL and gloo's work mutex;
+a fresh rank ends with ``os._exit``, a pool rank frees them two cells later (``release_retired``).
+Group names keep counting (torch resets the count on destroy), so a new group's store keys are its
+own. gloo's default group gets a store barrier after init (``TORCH_DIST_INIT_BARRIER=1``'s, the
+ranks' environment unchanged), so no rank ends under a peer still connecting."""
 from __future__ import annotations
 
 import functools
@@ -57,7 +22,8 @@ def install() -> bool:
     dist = sys.modules.get("torch.distributed")
     if c10d is None or dist is None:
         return False
-    wrappers = (("destroy_process_group", lambda f: _wrap_destroy(f, c10d)), ("init_process_group", lambda f: _wrap_init(f, c10d)))
+    wrappers = (("destroy_process_group", lambda f: _wrap_destroy(f, c10d)),
+                ("init_process_group", lambda f: _wrap_init(f, c10d)))
     for name, wrap in wrappers:
         original = getattr(c10d, name, None)
         if original is not None and not hasattr(original, _ORIGINAL):
@@ -79,7 +45,7 @@ def _wrap_init(original, c10d):
             world = group.size()
             gloo = c10d.get_backend(group) == "gloo"
             store = c10d._get_default_store() if gloo and world > 1 else None
-        except Exception:  # noqa: BLE001 - another torch's internals: no barrier, torch as it is
+        except Exception:  # another torch's internals: no barrier, torch as it is
             store = None
         if store is not None:
             _all_initialised(store, f"nbddp/init/{inits[0]}", world, kwargs.get("timeout"))
@@ -122,14 +88,14 @@ def _groups_destroyed(c10d, group) -> list:
         if group is None or group is c10d.GroupMember.WORLD:
             return list(world)
         return [group]
-    except Exception:  # noqa: BLE001 - another torch's internals: keep nothing, torch as it is
+    except Exception:  # another torch's internals: keep nothing, torch as it is
         return []
 
 
 def _group_count(c10d):
     try:
         return c10d._world.group_count
-    except Exception:  # noqa: BLE001 - another torch's internals: names as torch gives them
+    except Exception:  # another torch's internals: names as torch gives them
         return None
 
 

@@ -19,13 +19,11 @@ import time
 import traceback
 import types
 
-from nbddp.rank import cellsource
-from nbddp.rank import nostdin
-from nbddp.rank import stackwatch
 from nbddp.core import settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.exitstates import exit_status
 from nbddp.core.rankfiles import RankFiles
+from nbddp.rank import cellsource, nostdin, stackwatch
 from nbddp.rank.worker import cell_line
 
 STATUS_DIR_VAR = settings.ELASTIC_DIR  # the internal names: nbddp/core/settings.py
@@ -99,8 +97,8 @@ def main() -> None:
     label = os.environ.pop(LABEL_VAR, "") or None
     cell_path = os.path.abspath(sys.argv[1])
     sys.argv = [cell_path] + ([f"{legacy}={os.environ.get('LOCAL_RANK', '0')}"] if legacy else []) + sys.argv[2:]
-    rank = os.environ.get("RANK", "0")
-    status = {"rank": int(rank), "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+    rank = int(os.environ.get("RANK", "0"))
+    status = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
               "node_rank": int(os.environ.get("GROUP_RANK", "0")), "pid": os.getpid(),
               "host": socket.gethostname(),
               "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
@@ -116,7 +114,7 @@ def main() -> None:
     linecache.cache[cell_path] = (len(source), None, source.splitlines(True), cell_path)
     module = types.ModuleType("__main__")
     module.__file__ = cell_path
-    module.__builtins__ = __builtins__
+    module.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = module
     code = 0
     try:
@@ -127,7 +125,7 @@ def main() -> None:
             print(exc.code, file=sys.stderr)
             status["exception"] = {"type": "SystemExit", "message": str(exc.code), "traceback": "",
                                    "cell_line": cell_line(exc.__traceback__, cell_path)}
-    except BaseException as exc:  # noqa: BLE001 - the user's error, shown as Python would
+    except BaseException as exc:  # the user's error, shown as Python would
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next

@@ -1,20 +1,11 @@
 """A cell's own rendezvous (its own MASTER_ADDR/MASTER_PORT, ``init_method="tcp://…"`` or
-``"file://…"``, ``mp.spawn`` inside a rank) works in a rank as it does in a plain script.
-
-Why: each rank sees TORCHELASTIC_USE_AGENT_STORE=True (as under torchrun), which tells torch's
-env:// and tcp:// handlers that the launcher hosts the store, so rank 0 too connects as a
-client. That is true only for nbddp's own store: aimed anywhere else, rank 0 would wait for a
-server no one starts (torchrun hangs the same way). So torch's handlers are wrapped: the agent
-store is used only when the target is nbddp's store; otherwise torch's plain rule applies (rank
-0 hosts). A rendezvous that cannot work here (an address not on this machine, a port another
-process holds, a world size other than the launch's) fails at once with one line naming the
-cell line that set it. Processes a rank starts with multiprocessing (spawn/forkserver: fresh
-interpreters) get the same rule through a one-line prefix of their ``-c`` command.
-
-Loaded in the forkserver (via nbddp.rank.worker) and, by file path, in those children: it imports
-only the standard library at import time, never touches CUDA, and keeps the default env://
-path to one dict lookup and a comparison.
-"""
+``"file://…"``, ``mp.spawn`` inside a rank) works in a rank as in a plain script. Each rank sees
+TORCHELASTIC_USE_AGENT_STORE=True (as under torchrun), so torch's env:// and tcp:// handlers make
+rank 0 a client too: right for nbddp's store only. So they are wrapped: elsewhere torch's plain
+rule applies (rank 0 hosts), and a rendezvous that cannot work here fails at once in one line
+naming the cell line; multiprocessing children get the same rule via a ``-c`` prefix. Loaded in the
+forkserver and, by path, in those children: stdlib only at import, never CUDA, and the default
+env:// path costs one dict lookup and a comparison."""
 from __future__ import annotations
 
 import contextlib
@@ -125,7 +116,7 @@ def _wrapped(scheme: str, handler):
         yield first
         yield from rendezvous
 
-    rendezvous_handler._nbddp = True
+    rendezvous_handler._nbddp = True  # type: ignore[attr-defined]  # marks nbddp's wrapper (never wrapped twice)
     return rendezvous_handler
 
 
@@ -141,6 +132,7 @@ def _plan(scheme: str, url: str):
                               f"this %%ddp launch has {launched} ranks")
     if scheme == "file":
         return True, None
+    port: str | int | None
     if scheme == "env":
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     else:
@@ -227,7 +219,7 @@ def _spawnv_with_hook(spawnv):
                 args[at] = _child_prefix() + args[at]
         return spawnv(path, args, passfds)
 
-    spawnv_passfds._nbddp = True
+    spawnv_passfds._nbddp = True  # type: ignore[attr-defined]  # marks nbddp's wrapper (never wrapped twice)
     return spawnv_passfds
 
 

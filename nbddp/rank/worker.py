@@ -16,20 +16,13 @@ import threading
 import time
 import traceback
 import types
+from typing import Any
 
-from nbddp.rank import asking
-from nbddp.rank import pushed
-from nbddp.rank import stackwatch
-from nbddp.rank import teardown
-from nbddp.rank import netrecord
-from nbddp.rank import user_rendezvous
-from nbddp.rank.procname import set_name
-from nbddp.core import exitstates
-from nbddp.core import settings
-from nbddp.core import job as rankjob
-from nbddp.core import messages as msg
+from nbddp.core import exitstates, job as rankjob, messages as msg, settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.job import Cell, RankJob
+from nbddp.rank import asking, netrecord, pushed, release, stackwatch, teardown, user_rendezvous
+from nbddp.rank.procname import set_name
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
 CURRENT: dict = {}
@@ -104,8 +97,9 @@ def _become_script(job: RankJob, pipes: dict) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     asking.install(pipes["ctl"], job.rank)  # input() and pdb ask the notebook (nbddp/rank/asking.py)
-    sys.stdout = sys.__stdout__ = _line_stream(1)
-    sys.stderr = sys.__stderr__ = _line_stream(2)
+    # the rank's own streams, also as the originals (typeshed declares those Final: they are, but for us)
+    sys.stdout = sys.__stdout__ = _line_stream(1)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = _line_stream(2)  # type: ignore[misc]
     _watch_lifeline(pipes["lifeline"])
     faulthandler.enable(file=sys.stderr, all_threads=True)
     _KEPT.append(stackwatch.serve(job.stack_path))  # stacks on request, no signal
@@ -155,7 +149,7 @@ def predictable_torch_cache() -> str:
                                         "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)))
 
 
-_INTERRUPT = {"armed": False, "ack": ""}
+_INTERRUPT: dict[str, Any] = {"armed": False, "ack": ""}  # armed while a cell runs; the file to touch
 
 
 def _on_sigint(signum, frame):
@@ -274,7 +268,7 @@ def _run(job: RankJob, ctl) -> int:
 def _new_main(cell_path: str) -> types.ModuleType:
     main = types.ModuleType("__main__")
     main.__file__ = cell_path
-    main.__builtins__ = __builtins__
+    main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
     return main
 
@@ -307,6 +301,7 @@ def _serve(job: RankJob, ctl) -> int:
         if message[0] != msg.EXEC:  # msg.STOP
             return 0
         cell: Cell = message[1]
+        release.take()  # a group nbddp closed to release a hung cell is destroyed first
         teardown.release_retired()  # groups earlier cells destroyed (nbddp/rank/teardown.py)
         main.__file__ = sys.argv[0] = cell.path  # this cell's script (nbddp/kernel/cellscript.py)
         status = msg.DONE_OK
@@ -320,6 +315,7 @@ def _serve(job: RankJob, ctl) -> int:
         except SystemExit as exc:  # leaving a pool rank ends that worker, as in a script
             return _exit_code(exc, ctl, cell.path)
         except BaseException as exc:
+            exc = release.as_released(exc, cell.path)
             status = msg.DONE_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else msg.DONE_ERROR
             _report(ctl, exc, cell.path, cell.label, cell.source)
             _INTERRUPT["armed"] = True  # the stop button ends a post-mortem as it ends the cell

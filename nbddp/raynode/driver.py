@@ -1,26 +1,14 @@
-"""The Ray driver of one ``--launcher ray`` cell: ``python -m nbddp.raynode CONFIG.json``.
-
-Started by the kernel as the launch's agent (nbddp/sources/ray.py), in a session of its
-own, as srun is for ``--launcher slurm``. It connects to the Ray cluster the config names, or
-starts a local Ray that ends with it; reserves one bundle per node in a placement group
-(STRICT_SPREAD: every bundle on another node; each the node's ranks' CPUs, and GPUs where asked);
-places a NodeAgent actor (nbddp/raynode/nodeagent.py) in each, and has each start torch's own
-launcher for its node, all meeting at a c10d rendezvous that node 0 hosts. Every node's
-``[rankN]:`` lines come back through the actors and are written to this process's stdout and
-stderr, which the kernel reads as it reads torchrun's.
-
-Signals (from the kernel's supervisor) are recorded by the handler and passed on by the main
-loop to every node's torchrun (SIGINT: torchrun's own shutdown). However it ends, the driver
-stops every torchrun, kills its actors, removes the placement group and disconnects (a local Ray
-stops with it); if it is killed, Ray ends the actors it owned, and each torchrun dies with its
-actor. A node whose torchrun failed has the others stopped (as srun's --kill-on-bad-exit). Its
-own reasons to stop are lines starting ``nbddp: `` on stderr; its exit code is
-the first failed node's torchrun's.
-"""
+"""The Ray driver of one ``--launcher ray`` cell (``python -m nbddp.raynode CONFIG.json``), the
+launch's agent as srun is Slurm's: it connects to the cluster (or starts a local Ray that ends with
+it), reserves one STRICT_SPREAD placement-group bundle per node, has a NodeAgent actor in each start
+that node's torchrun (c10d on node 0), and writes every node's ``[rankN]:`` lines to its own output.
+Signals are recorded by the handler and passed on by the main loop; a failed node stops the others
+(srun's --kill-on-bad-exit); however it ends, torchruns, actors and placement group go with it, and
+its own reasons to stop are ``nbddp: `` lines on stderr (docs/howto/cluster.md, "Ray")."""
 from __future__ import annotations
 
 import json
-import os
+import logging
 import secrets
 import signal
 import sys
@@ -68,11 +56,12 @@ def run(cfg: dict) -> int:
     address = cfg["address"]
     try:
         if address:
-            extra = {"runtime_env": {"working_dir": cfg["working_dir"]}} if cfg.get("working_dir") else {}
-            ray.init(address=address, log_to_driver=False, logging_level="WARNING", **extra)  # "auto": a job's own
+            env = {"working_dir": cfg["working_dir"]} if cfg.get("working_dir") else None
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
+                     runtime_env=env)  # "auto": a Ray job's own cluster
         else:
             ray.init(address="local", num_cpus=cfg["local_cpus"], include_dashboard=False,
-                     log_to_driver=False, logging_level="WARNING")
+                     log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:
         say(f"cannot connect to the Ray cluster at {address or 'a new local Ray'}: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -89,7 +78,8 @@ def run(cfg: dict) -> int:
             if not _received:
                 alive = [n for n in ray.nodes() if n.get("Alive")]
                 say(f"the Ray cluster cannot place {nnodes} bundle(s) of {bundle} on {nnodes} different "
-                    f"node(s) within {wait:g} s (STRICT_SPREAD; --rdzv-timeout waits longer); it has {len(alive)} node(s) alive: "
+                    f"node(s) within {wait:g} s (STRICT_SPREAD; --rdzv-timeout waits longer); "
+                    f"it has {len(alive)} node(s) alive: "
                     + "; ".join(f"{n.get('NodeManagerAddress')} {_res(n.get('Resources', {}))}" for n in alive))
             return 1
         remote = ray.remote(NodeAgent)
@@ -139,7 +129,7 @@ def _pump(ray, actors) -> int:
         except ray.exceptions.RayActorError as exc:
             say(f"a node's Ray actor died, so its torchrun and ranks ended: {str(exc).splitlines()[0]}")
             return 1
-        for i, (out, err, rc) in zip(live, got):
+        for i, (out, err, rc) in zip(live, got, strict=True):
             _write(sys.stdout, out)
             _write(sys.stderr, err)
             if rc is not None:

@@ -1,13 +1,8 @@
-"""The Ray actor ``--launcher ray`` places on each node: it starts that node's torchrun and hands
-its output back to the driver (nbddp/raynode/driver.py) in whole lines.
-
-One per placement-group bundle. torchrun runs in a session of its own and is killed (by
-PR_SET_PDEATHSIG) when this actor's process dies, however it dies: its ranks, which die with
-torchrun (nbddp/rank/torchrun_rank.py), go too. Not SIGTERM: torchrun's own shutdown then waits
-on a rendezvous store that may be gone with the actor's node, and would outlive it. Every method returns at once or within
-``READ_WAIT_S``, so a signal queued behind a read is sent within that time (the actor runs one
-method at a time, on its main thread: the death signal is tied to the thread that forked).
-"""
+"""The Ray actor ``--launcher ray`` places on each node: starts that node's torchrun and hands its
+output back to the driver in whole lines. torchrun gets default signal dispositions (a Ray worker
+ignores SIGINT, which exec keeps) and is killed when the actor dies, however it dies (PDEATHSIG; its
+ranks die with it). Each method returns within ``READ_WAIT_S``, so a signal queued behind a read
+is sent soon; the actor runs one method at a time on its main thread, the one that forked."""
 from __future__ import annotations
 
 import os
@@ -18,7 +13,7 @@ import subprocess
 import sys
 
 READ_WAIT_S = 0.2
-UNBUFFERED = "-u"  # torchrun copies the ranks' lines to its stdout, a pipe here: line by line, not in 8 KiB blocks
+UNBUFFERED = "-u"  # torchrun copies the ranks' lines to its stdout, a pipe here: line by line, not in blocks
 MAX_CHUNK = 1 << 20
 RUN_MODULE = "torch.distributed.run"
 

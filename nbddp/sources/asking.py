@@ -1,18 +1,11 @@
 """The ranks' prompts during one launch (``input()``, ``breakpoint()``, ``pdb``, ``--pdb``), served
-one rank at a time through the notebook's input box (nbddp/kernel/inputbox.py).
-
-Each turn of the supervisor's loop calls ``step``: prompts that came (msg.ASK) join a queue; the
-rank at the front gets the input box once what it wrote before asking is shown; the line typed
-goes back to that rank only (msg.ANSWER). The others wait their turn, each named in the view.
-Where no front end can answer, every prompt is refused at once (msg.NO_ANSWER: the rank's
-``input()`` raises NoStdin as it always did). A rank's debugger first asks for its turn (an ASK
-without a prompt), so a waiting rank shows nothing until its turn. ``--pdb`` debugs the first
-rank to fail only: a later post-mortem is refused (NOT_FIRST) and that rank reports its failure
-as without --pdb.
-
-While a prompt is open or queued (``busy``) the time is the user's: the supervisor pauses
-fail-fast, --timeout, the idle warning and the hang report.
-"""
+one rank at a time through the notebook's input box (nbddp/kernel/inputbox.py). Each turn of the
+supervisor's loop calls ``step``: prompts (msg.ASK) queue, the front rank gets the box once its
+earlier output is shown, the line goes back to it only (msg.ANSWER); with no front end to answer,
+each is refused at once (msg.NO_ANSWER). A debugger asks for its turn first (an ASK without a
+prompt); ``--pdb`` debugs the first rank to fail only (a later one gets NOT_FIRST). While a
+prompt is open or queued (``busy``) the supervisor pauses fail-fast, --timeout, the idle warning
+and the hang report."""
 from __future__ import annotations
 
 import time

@@ -1,15 +1,10 @@
 """Whether a launch's ranks fit in the kernel's file descriptors, checked before any starts.
 
-While they start, each rank holds ``PER_RANK`` descriptors in the kernel (its output, error,
-lifeline, control and job pipes with their child ends until the fork, the forkserver's status
-pipe, a pidfd, its logs once it writes: 12.6 measured at ``-n 16`` of quiet ranks, 2026-12-06;
-a rank taken from the spares adds only ``PER_SPARE``), so the common soft limit of 1,024
-holds about ``-n 60``, and 256 about ``-n 14``. As many
-launchers do (systemd's services, Go's runtime, Julia), the soft limit is raised to the hard
-one when a launch needs it; a launch that still cannot fit is refused in one line that says
-how many it needs, before anything starts (a fork half-way out of descriptors failed with a raw
-"Too many open files" and left what it had opened).
-"""
+While they start, each rank holds ``PER_RANK`` descriptors in the kernel (its pipes, a pidfd, its
+logs once it writes; a rank taken from the spares only ``PER_SPARE``). As systemd, Go's runtime and
+Julia do, the soft limit is raised to the hard one when a launch needs it; a launch that still
+cannot fit is refused in one line saying how many it needs, before anything starts, rather than
+a fork failing half-way with "Too many open files" (docs/explanation/performance.md)."""
 from __future__ import annotations
 
 import os
@@ -17,7 +12,7 @@ import resource
 
 from nbddp.core.errors import DDPUsageError
 
-PER_RANK = 15   # the kernel's descriptors per new rank while they start (12.6 measured, 2 logs more)
+PER_RANK = 15   # the kernel's descriptors per new rank while they start, its two logs included
 PER_SPARE = 3   # ... per rank from a spare (its pipes are open already): its logs and a pidfd
 MARGIN = 32     # for the rest of the kernel meanwhile (the store, its clients, files, ZMQ)
 

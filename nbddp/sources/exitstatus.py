@@ -1,18 +1,11 @@
 """A forkserver rank's exit status, read once and never invented.
 
-multiprocess learns a forkserver child's exit code from a pipe the forkserver writes; its
-``Popen.poll`` reads that pipe without a lock and takes EOF for "exit code 255". Two threads
-polling the same process (``Process.start()`` polls every earlier child, so each rank start in
-``starter.start_all``'s threads and each spare refill does) both see the pipe readable: one
-reads the code, the other reads EOF and stores 255, and the last to store wins. That is how a
-32-rank launch reported rank 0 (a spare that had finished while the other ranks were still
-being started) "failed (exited with code 255)". Here the status is read under a lock, once.
-
-When the forkserver itself has ended, the pipe closes with no status although the rank may
-still run: ``lost(process)`` says so, and the launcher then watches the process itself
-(``pidfd``: it becomes readable when the process ends) and takes the code the rank reported
-before it exited.
-"""
+multiprocess's ``Popen.poll`` reads the exit code from a pipe the forkserver writes, without a
+lock, and takes EOF for "exit code 255"; two threads polling the same rank (``Process.start()``
+polls every earlier child: ``starter.start_all``'s threads, the spares' refill) could store a
+false 255 over the real code. Here it is read under a lock, once. When the forkserver itself has
+ended the pipe closes with no status though the rank may run on: ``lost(process)`` says so, and
+the launcher watches the process (``pidfd``) and takes the code the rank reported."""
 from __future__ import annotations
 
 import os

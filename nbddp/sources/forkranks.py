@@ -7,20 +7,19 @@ import signal
 import time
 
 from nbddp.core import placement
-from nbddp.forkserver import storehost
-from nbddp.forkserver import spares
 from nbddp.core.cellnames import log_label
+from nbddp.core.exitstates import settle
 from nbddp.core.job import Cell
 from nbddp.core.launch import Launch
 from nbddp.core.rankfiles import RankFiles
+from nbddp.core.result import FAILED, KILLED, launch_result
+from nbddp.core.states import StopReason
+from nbddp.forkserver import spares
 from nbddp.kernel.logdirs import write_private
 from nbddp.sources import descriptors
-from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rankjobs import rank_jobs
+from nbddp.sources.rankprocs import Rank, RankProcs
 from nbddp.sources.rendezvous import host_for
-from nbddp.core.result import FAILED, KILLED, launch_result
-from nbddp.core.exitstates import settle
-from nbddp.core.states import StopReason
 from nbddp.sources.supervisor import Source
 
 FAILFAST_DELAY_S = 0.25  # torchrun's agent notices a failed worker at its next check (0.1 s)
@@ -63,10 +62,9 @@ class ForkRanks(Source):
         cell = Cell(self.source_text, self.cell_path, self.cell_label, self.push,
                     [name.split("@")[0] for name in spec.pull], post_mortem=spec.pdb)
         jobs = rank_jobs(spec, files, cell, master_port=port, cwd=self.cwd, base_env=self.base_env,
-                         device_count=storehost.device_count(), backend=plan.backend,
-                         func=self.func)
+                         plan=plan, func=self.func)
         ranks = []
-        for res, job in zip(self.result.ranks, jobs):
+        for res, job in zip(self.result.ranks, jobs, strict=True):
             ranks.append(Rank(res, job.stack_path, job.sigint_path))
         restarted = self.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=self.use_spares)
         if restarted:

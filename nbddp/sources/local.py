@@ -6,9 +6,9 @@ nbddp/kernel/pushing.py).
 from __future__ import annotations
 
 from nbddp.core import placement
-from nbddp.forkserver import storehost
 from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
+from nbddp.forkserver import storehost
 from nbddp.kernel.cellfiles import cell_files
 from nbddp.kernel.logdirs import new_log_dir
 from nbddp.sources.forkranks import ForkRanks
@@ -28,8 +28,9 @@ def run(launch: Launch) -> RunResult:
 def pack_callable(func, args=(), kwargs=None) -> dict:
     """Serialize a callable (with the notebook globals it uses) once, in the kernel, so a
     function that cannot be sent fails here with its name, not inside four ranks."""
-    import dill
     import linecache
+
+    import dill
 
     try:
         payload = dill.dumps((func, tuple(args), dict(kwargs or {})), recurse=True)

@@ -1,43 +1,39 @@
 """Persistent workers: ranks that keep their model, optimizer and process group between cells,
-like ipyparallel's engines, with nbddp's environment, views and diagnostics.
-
-The pool's ranks (``PoolRanks``) are a process source under nbddp/sources/supervisor.py, one
-supervised launch per cell: the cell is sent to the ranks, which serve cell after cell
-(worker._serve); a cell hands out a fresh RunResult, so ``_ddp``, views and DDPError work as
-for a fresh job. A rank that dies (or does not return from an interrupt) breaks the pool: its
-process group cannot be mended; the cell raises, ``status()`` says what happened,
-``restart()`` brings up a clean pool.
-"""
+like ipyparallel's engines, with nbddp's environment, views and diagnostics. ``PoolRanks`` is a
+process source under nbddp/sources/supervisor.py, one supervised launch per cell; the ranks serve
+cell after cell (worker._serve) and each cell gets a fresh RunResult. A rank that dies (or does
+not return from an interrupt) breaks the pool, as its process group cannot be mended: the cell
+raises, ``status()`` says why, ``restart()`` brings up a clean pool."""
 from __future__ import annotations
 
 import os
 import signal
 import time
 from dataclasses import replace
+from typing import TypeVar
 
-from nbddp.core import diagnosis
-from nbddp.kernel import logdirs
-from nbddp.core import placement
-from nbddp.forkserver import storehost
-from nbddp.kernel.cellfiles import cell_files
-from nbddp.sources import supervisor
-from nbddp.core import messages as msg
+from nbddp.core import diagnosis, messages as msg, placement
 from nbddp.core.cellnames import log_label
+from nbddp.core.exitstates import ended_by_nbddp, ended_by_the_stop, settle
 from nbddp.core.job import Cell
 from nbddp.core.launch import Launch
 from nbddp.core.rankfiles import RankFiles
-from nbddp.sources.rankjobs import rank_jobs
-from nbddp.sources.rankprocs import Rank, RankProcs
-from nbddp.sources.rendezvous import host_for
 from nbddp.core.result import FAILED, INTERRUPTED, OK, RUNNING, TIMED_OUT, Interrupted, RunResult, launch_result
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState, StopReason
 from nbddp.core.summary import label
-from nbddp.core.exitstates import ended_by_nbddp, ended_by_the_stop, settle
+from nbddp.forkserver import storehost
+from nbddp.kernel import logdirs
+from nbddp.kernel.cellfiles import cell_files
+from nbddp.sources import stacks, supervisor
+from nbddp.sources.rankjobs import rank_jobs
+from nbddp.sources.rankprocs import Rank, RankProcs
+from nbddp.sources.rendezvous import host_for
 from nbddp.sources.supervisor import Source, Supervisor
 
 FAILED_PEER_GRACE_S = 3.0  # a rank raised: how long the others may finish before being interrupted
 STOP_WAIT_S = 2.0          # a polite "stop" before signals
+RELEASE_WAIT_S = 3.0       # a released rank returns from its collective at once; past this it is stuck for good
 IDLE, BUSY, BROKEN, STOPPED = PoolState
 
 
@@ -47,7 +43,7 @@ class PoolRanks(Source):
     FIRST_SIGNAL = dict.fromkeys(StopReason, signal.SIGINT)
     persistent = True
 
-    def __init__(self, pool: "LivePool"):
+    def __init__(self, pool: LivePool):
         self.pool = pool
         self.procs = RankProcs(on_exit=self._on_exit, on_message=self._on_message, emit=self.emit)
         self.pending: set[int] = set()
@@ -55,6 +51,8 @@ class PoolRanks(Source):
         self.deferred: dict[int, tuple[str, str]] = {}  # SIGINT for ranks that have not begun
         self.cell: Cell | None = None  # the next cell, sent to the ranks in ``targets``
         self.targets: list[int] = []
+        self.released_at: float | None = None  # when nbddp closed the ranks' process group (this cell)
+        self.released_for = ""  # the stop's reason then
 
     @property
     def interrupted_note(self) -> str:
@@ -65,6 +63,11 @@ class PoolRanks(Source):
     def _start(self) -> None:
         """Hand the cell to its ranks (they are running already)."""
         self.emit("launch_started", self.result, self.pool.spec, self.pool.backend)
+        if self.pool.group_closed_in:
+            self.note(f"the process group was closed to release cell {self.pool.group_closed_in}'s blocked "
+                      f"collective, and destroyed on every rank: create it again (dist.init_process_group)")
+            self.pool.group_closed_in = 0
+        self.released_at = None
         targets = self.targets
         warning = diagnosis.collective_warning(self.source_text, targets, self.pool.spec.world_size)
         if warning:
@@ -89,6 +92,8 @@ class PoolRanks(Source):
 
     def poll(self, timeout: float) -> None:
         self.procs.poll(timeout)
+        if self.released_at is not None and time.monotonic() - self.released_at > RELEASE_WAIT_S:
+            self._end_stuck(self.released_for, "when the pool was ended")
 
     def _on_message(self, rank: Rank, message) -> None:
         if message[0] == msg.BEGAN:  # the rank runs the cell: an interrupt that waited goes now
@@ -105,6 +110,9 @@ class PoolRanks(Source):
         res.ended_at = time.time()
         if message[1] == msg.DONE_OK:
             res.state, res.cause = OK, ""
+        elif self.released_at is not None and message[1] == msg.DONE_INTERRUPTED:
+            res.state = TIMED_OUT if self.result.timed_out else INTERRUPTED
+            res.cause = "released from a blocked collective; its process group was closed"
         elif ended_by_the_stop(rank.stop, message[1] == msg.DONE_INTERRUPTED and signal.SIGINT in rank.sent,
                                res.exception):
             res.state = TIMED_OUT if self.result.timed_out else INTERRUPTED
@@ -157,9 +165,42 @@ class PoolRanks(Source):
         stuck = [r for r in self.procs.ranks if r.alive and r.result.rank in self.pending]
         if not stuck or (spare_handlers and all(r.handling() for r in stuck)):
             return
+        if self.released_at is None and self._release(stuck, reason):
+            return  # poll() ends the pool if they do not return within RELEASE_WAIT_S
+        if self.released_at is not None and time.monotonic() - self.released_at <= RELEASE_WAIT_S:
+            return
+        self._end_stuck(reason, "when the pool was ended", sig)
+
+    def _release(self, stuck: list[Rank], reason: str) -> bool:
+        """Ranks blocked in C after SIGINT (a collective some rank never joined): every rank
+        closes its process group's connections, so the blocked call raises and the cell ends on
+        each, keeping the ranks and their state (nbddp/rank/release.py). False where a stuck
+        rank cannot be asked (no FIFO): the pool is ended as before."""
+        asked = [stacks.ask_release(r.stack_path) for r in stuck]
+        if not all(asked):
+            return False
+        for rank in self.procs.ranks:
+            if rank.alive and rank not in stuck:
+                stacks.ask_release(rank.stack_path)  # its side of the group is closed too
+        self.released_at, self.released_for = time.monotonic(), reason
+        self.pool.group_closed_in = self.pool.cells_run
+        self.note(f"{label(r.result.rank for r in stuck)} did not return from the cell after SIGINT "
+                  f"(blocked in C code such as a collective): nbddp closes the process group's "
+                  f"connections to release {'them' if len(stuck) > 1 else 'it'}, keeping every rank "
+                  f"and its state")
+        return True
+
+    def _end_stuck(self, reason: str, why: str, sig: int | None = None) -> None:
+        stuck = [r for r in self.procs.ranks if r.alive and r.result.rank in self.pending]
+        released, self.released_at = self.released_at, None
+        if not stuck:
+            return
+        if released is not None:
+            self.note(f"{label(r.result.rank for r in stuck)} did not return even then (not blocked on "
+                      f"the process group): the pool is ended")
         self.pool.ranks_stuck(f"{label(r.result.rank for r in stuck)} "
                               f"did not stop after SIGINT ({reason}), blocked in C code such as a collective")
-        self.procs.signal(self.procs.ranks, sig, reason, "when the pool was ended")
+        self.procs.signal(self.procs.ranks, signal.SIGKILL if sig is None else sig, reason, why)
 
     def handling(self) -> list[int]:
         return [r.result.rank for r in self.procs.ranks if r.result.rank in self.pending and r.handling()]
@@ -188,6 +229,9 @@ class PoolRanks(Source):
                 self.procs.reap(rank, wait=5.0)
 
 
+_Pool = TypeVar("_Pool", bound="LivePool")  # start() and restart() return the pool they are called on
+
+
 class LivePool:
     """The pool's ranks between cells and all of its state (IDLE, BUSY, BROKEN and why, STOPPED),
     written here only: PoolRanks reports what its ranks did through ``rank_ended``,
@@ -195,6 +239,7 @@ class LivePool:
 
     def __init__(self, spec: LaunchSpec, *, cwd: str | None = None, base_env: dict | None = None):
         self.spec = replace(spec, timeout=None, ranks_shown=None, push=(), pull=())
+        self.cell_timeout = spec.timeout  # the start's --timeout: each cell's, unless it gives one
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.state = STOPPED
@@ -204,6 +249,7 @@ class LivePool:
         self.store = None
         self.master_port = None
         self.backend_note = ""
+        self.group_closed_in = 0  # the cell whose hang nbddp released by closing the group (0: none)
         self.source = PoolRanks(self)
 
     # ------------------------------------------------ what its ranks report (PoolRanks)
@@ -236,7 +282,7 @@ class LivePool:
         return self.source.procs.ranks
 
     # --------------------------------------------------------------- lifecycle
-    def start(self) -> "Pool":
+    def start(self: _Pool) -> _Pool:
         if self.state in (IDLE, BUSY):
             return self
         interrupts = []
@@ -258,16 +304,15 @@ class LivePool:
         self.log_root = logdirs.new_log_dir(spec.log_dir, hold=True)  # kept while the pool lives
         self.store, port = host_for(spec)
         self.master_port = port
-        devices = storehost.device_count()
-        plan = placement.plan(spec, devices, self.base_env)
+        plan = placement.plan(spec, storehost.device_count(), self.base_env)
         self.backend, self.backend_note = plan.backend, plan.note
         source.result = self._fresh_result(self.log_root)
         supervisor.register(source)
         files = RankFiles(self.log_root)
         first = Cell(source="", path=files.cell_copy)  # each cell comes as msg.EXEC with its own
         jobs = rank_jobs(spec, files, first, master_port=port, cwd=self.cwd, base_env=self.base_env,
-                         device_count=devices, backend=self.backend, pool=True)
-        ranks = [Rank(res, job.stack_path, job.sigint_path) for res, job in zip(source.result.ranks, jobs)]
+                         plan=plan, pool=True)
+        ranks = [Rank(res, job.stack_path, job.sigint_path) for res, job in zip(source.result.ranks, jobs, strict=True)]
         restarted = source.procs.start(ranks, jobs, spec.start_method, duplex=True, use_spares=False)
         if restarted:
             print(f"nbddp: {restarted}")
@@ -294,7 +339,7 @@ class LivePool:
             self.store = None
             logdirs.release(getattr(self, "log_root", None))  # its logs now age like any launch's
 
-    def restart(self) -> "Pool":
+    def restart(self: _Pool) -> _Pool:
         self.stop()
         return self.start()
 
@@ -312,6 +357,8 @@ class LivePool:
         up = time.time() - self.started_wall
         lines = [f"nbddp pool: {shape}, {self.state}; up {up:.0f} s, {self.cells_run} cells run, "
                  f"MASTER_PORT {self.master_port}, logs in {self.log_root}"]
+        if self.cell_timeout is not None:
+            lines.append(f"each cell times out after {self.cell_timeout:g} s unless it gives --timeout")
         if self.backend_note:
             lines.append(self.backend_note)
         if self.state == BROKEN:
@@ -325,7 +372,8 @@ class LivePool:
     def run_cell(self, launch: Launch) -> RunResult:
         """One cell, already checked against the pool (nbddp/core/launchrules.py choose_source), on
         ``spec.ranks_shown`` (default all ranks), with ``spec.timeout``, pulling ``spec.pull``'s names."""
-        spec, source, sinks, push, cell_label = launch.spec, launch.source, list(launch.sinks), launch.push, launch.cell_label
+        spec, source, sinks = launch.spec, launch.source, list(launch.sinks)
+        push, cell_label = launch.push, launch.cell_label
         world = self.spec.world_size
         targets = sorted(set(range(world) if spec.ranks_shown is None else spec.ranks_shown))
         pull = [name.split("@")[0] for name in spec.pull]
@@ -356,7 +404,7 @@ class LivePool:
     def _fresh_result(self, log_dir: str) -> RunResult:
         """This cell's RunResult, each rank's handle given its RankResult (its pid kept)."""
         result = launch_result(self.spec, log_dir, master_port=self.master_port)
-        for res, handle in zip(result.ranks, self.ranks):
+        for res, handle in zip(result.ranks, self.ranks, strict=False):  # no handles yet while the pool starts
             res.pid = handle.result.pid
             handle.result = res
         return result

@@ -7,24 +7,25 @@ import uuid
 
 from nbddp.core.envvars import legacy_argv, rank_env
 from nbddp.core.job import Cell, RankJob
+from nbddp.core.placement import Placement
 from nbddp.core.rankfiles import RankFiles
 from nbddp.forkserver import preload
 
 
 def rank_jobs(spec, files: RankFiles, cell: Cell, *, master_port: int, cwd: str, base_env: dict,
-              device_count: int, backend: str | None, func: dict | None = None,
-              pool: bool = False) -> list[RankJob]:
-    """One RankJob for each rank of ``spec``: its torchrun environment (one run id for the
-    launch), argv as torchrun would give the script, its files in ``files``."""
+              plan: Placement, func: dict | None = None, pool: bool = False) -> list[RankJob]:
+    """One RankJob for each rank of ``spec``: its torchrun environment (one run id and one GPU
+    placement, ``plan``, for the launch), argv as torchrun would give the script, its files in
+    ``files``."""
     run_id = str(uuid.uuid4())
     forget = preload.stale()  # preloaded user modules edited since: the ranks re-import them
     sys_path = list(sys.path)
     return [RankJob(rank=r,
                     env=rank_env(spec, r, master_port=master_port, run_id=run_id,
                                  error_file=files.error_file(r), base_env=base_env,
-                                 device_count=device_count),
+                                 devices_env=plan.env),
                     cwd=cwd, sys_path=sys_path,
                     argv=[cell.path] + legacy_argv(spec, r) + list(spec.script_args),
-                    stack_path=files.stacks(r), sigint_path=files.sigint(r), backend=backend,
+                    stack_path=files.stacks(r), sigint_path=files.sigint(r), backend=plan.backend,
                     cell=cell, func=func, pool=pool, forget=forget)
             for r in range(spec.world_size)]

@@ -1,28 +1,20 @@
 """The per-rank log files as the kernel writes them: bounded, and never the reason a job dies.
 
-A runaway print loop (or ``NCCL_DEBUG=INFO``) writes without end, and ``/tmp`` is RAM-backed on
-several distributions, shared by every user of the machine. So each log file keeps at most
-``NBDDP_LOG_RANK_MB`` (default 100) and a launch's logs together at most ``NBDDP_LOG_TOTAL_MB``
-(default 1000), as a notebook server caps a cell's output: past a cap a log keeps its head, then
-one line saying how much was cut and why, then its last 64 KB (kept in memory, written after
-the head when the log is flushed or closed: the traceback at the end is what the diagnosis
-reads). The views still show the
-output live; only the file is bounded.
-
-A write that fails (``ENOSPC``, a quota, an I/O error) stops that log and nothing else: the
-ranks keep running, and the launch says so once, in one line. Files are opened lazily, on a
-rank's first byte on that stream (made empty at the start, so a quiet rank holds no log
-descriptor), through
-nbddp/kernel/logdirs.py's ``private`` (0600, never through a link).
-"""
+A runaway print loop writes without end, and ``/tmp`` is often RAM shared by every user, so each
+log keeps at most ``NBDDP_LOG_RANK_MB`` and a launch's logs together ``NBDDP_LOG_TOTAL_MB``: past
+a cap a log keeps its head, one line saying what was cut and why, then its last ``TAIL`` bytes
+(the traceback the diagnosis reads). A write that fails (``ENOSPC``, a quota) stops that log only,
+said once. Files are opened on a rank's first byte on that stream, so a quiet rank holds no log
+descriptor, through nbddp/kernel/logdirs.py's ``private``. The views still show all output live."""
 from __future__ import annotations
 
+import io
 import os
 
 from nbddp.core import settings
 from nbddp.kernel.logdirs import private
 
-TAIL = 1 << 16  # kept past a cap: the diagnosis reads a stderr's last 64 KB
+TAIL = 1 << 16  # kept past a cap: the stderr tail the diagnosis reads (result.TAIL_BYTES)
 
 
 def _mb(setting) -> int:
@@ -70,7 +62,7 @@ class RankLog:
     def __init__(self, path: str, budget: LogBudget, name: str):
         self.path, self.budget, self.name = path, budget, name
         self.folder = os.path.dirname(path)
-        self.file = None
+        self.file: io.BufferedRandom | None = None
         self.written = 0          # the head: bytes written before any cut
         self.cut = 0              # bytes past a cap, not kept but their last TAIL
         self.why = ""             # the cap that cut it

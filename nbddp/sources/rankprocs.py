@@ -11,15 +11,14 @@ import os
 import selectors
 import signal
 import time
+from typing import Any
 
-from nbddp.sources import exitstatus
-from nbddp.forkserver import spares
-from nbddp.forkserver import starter
-from nbddp.sources import descriptors
-from nbddp.sources import ranklogs
 from nbddp.core import messages as msg
+from nbddp.core.exitstates import Stop
 from nbddp.core.job import RankJob
 from nbddp.core.result import RUNNING, RankResult
+from nbddp.forkserver import spares, starter
+from nbddp.sources import descriptors, exitstatus, ranklogs
 
 READ_CHUNK = 1 << 16
 DRAIN_LIMIT_S = 2.0  # waiting for pipes held open by something that escaped the group
@@ -32,9 +31,9 @@ class Rank:
         self.result = result
         self.stack_path = stack_path
         self.sigint_path = sigint_path  # the worker touches it when SIGINT runs Python code
-        self.process = None
+        self.process: Any = None  # a multiprocess Process (untyped)
         self.fds: dict[int, str] = {}
-        self.ctl = None
+        self.ctl: Any = None      # its multiprocess Connection (untyped)
         self.lifeline_w: int | None = None
         self.logs: dict[str, ranklogs.RankLog] = {}
         self.budget: ranklogs.LogBudget | None = None  # the launch's caps on its logs
@@ -45,9 +44,9 @@ class Rank:
         self.pidfd: int | None = None     # readable once the process has ended
         self.orphan = False   # its forkserver ended: no exit status comes; watched by pidfd
         self.began = False    # a pool rank: began the current cell
-        self.finished = None  # (its exit code, when): the cell is over, the process exiting
+        self.finished: tuple[int, float] | None = None  # (its exit code, when): the cell is over, the process exiting
         self.lingered = False  # nbddp ended it after its cell finished (it did not exit)
-        self.stop = None      # (reason, why) once nbddp signalled it
+        self.stop: Stop | None = None  # (reason, why) once nbddp signalled it
         self.sent: set[int] = set()
 
     def open_logs(self, budget: ranklogs.LogBudget | None = None) -> None:
@@ -106,12 +105,12 @@ class RankProcs:
                 rank.close_logs()
             raise
         self.ranks.extend(ranks)
-        for rank, plumbing in zip(ranks, made):
+        for rank, plumbing in zip(ranks, made, strict=True):
             rank.process, rank.ctl, rank.lifeline_w = plumbing.process, plumbing.ctl, plumbing.life_w
-        for rank, plumbing, job in zip(ranks[:len(ready)], made, jobs):  # spares begin now
+        for rank, plumbing, job in zip(ranks[:len(ready)], made, jobs, strict=False):  # the spares (first) begin now
             plumbing.send_job(job)
             self._watch(rank, plumbing)
-        fresh = list(zip(ranks, made, jobs))[len(ready):]
+        fresh = list(zip(ranks, made, jobs, strict=True))[len(ready):]
         try:
             restarted = self._start_fresh(fresh, ctx, start_method, duplex) or restarted
         finally:  # also after a failed start: the started ranks are watched (and ended)

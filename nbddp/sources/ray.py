@@ -1,18 +1,9 @@
-"""``%%ddp --launcher ray``: the cell runs on a Ray cluster, one torchrun per node.
-
-A thin variant of the torchrun launcher (nbddp/sources/torchrun.py), as ``--launcher slurm`` is:
-the agent the kernel starts and reads is a Ray driver (nbddp/raynode/driver.py) that reserves
-one placement-group bundle per node (STRICT_SPREAD), places an actor in each, and has each start
-``python -m torch.distributed.run`` for its node's ranks, meeting at a c10d rendezvous on node 0.
-Every rank's environment is torchrun's (the node's environment, as Ray's workers have it, plus
-``--env``), and the cell runs as the same script. The driver writes every node's ``[rankN]:``
-lines to its own output, so the live view, ``_ddp``, causes, hints and ``--timeout`` are the
-torchrun launcher's; ranks on this machine are also signalled (and asked for stacks) by pid.
-
-The cluster is ``--ray-address``, else ``RAY_ADDRESS``, else a local Ray the driver starts and
-stops (one node: ``--nnodes 1``). An interrupt reaches every node's torchrun through the driver;
-however the driver ends, its actors, placement group and every torchrun end with it.
-"""
+"""``%%ddp --launcher ray``: the cell runs on a Ray cluster, one torchrun per node; the torchrun
+launcher's source (nbddp/sources/torchrun.py) with a Ray driver (nbddp/raynode/driver.py) as the
+agent, as ``--launcher slurm`` has srun. Every rank's environment is torchrun's (the node's, plus
+``--env``); the driver writes every node's ``[rankN]:`` lines, so the view, ``_ddp``, causes and
+``--timeout`` are torchrun's. The cluster is ``--ray-address``, else ``RAY_ADDRESS``, else a local
+Ray for the cell; Ray installed and the cluster reachable are checked before anything starts."""
 from __future__ import annotations
 
 import importlib.util
@@ -120,13 +111,13 @@ def check_available(spec, env: dict) -> rayaddress.RayAddress:
     if address.text == "auto":  # the Ray `ray start` last started on this machine, as Ray finds it
         try:
             with open(CURRENT_CLUSTER) as f:
-                host, _, port = f.read().strip().rpartition(":")
-            port = int(port)
+                host, _, port_text = f.read().strip().rpartition(":")
+            port = int(port_text)
         except (OSError, ValueError):
             raise DDPUsageError(f"%%ddp: {address.origin} auto: no Ray was started on this machine "
                                 f"({CURRENT_CLUSTER} is missing); start one with `ray start --head`, "
                                 f"or give the cluster's HOST:PORT") from None
-    if host is not None:
+    if host is not None and port is not None:
         try:
             socket.create_connection((host, port), timeout=CONNECT_CHECK_S).close()
         except OSError as exc:

@@ -6,10 +6,9 @@ torch; how it is bound: nbddp/forkserver/tcpstore.py.
 """
 from __future__ import annotations
 
-from nbddp.core.launchrules import check_private_net
 from nbddp.core import settings
-from nbddp.forkserver import privnet
-from nbddp.forkserver import storehost
+from nbddp.core.launchrules import check_private_net
+from nbddp.forkserver import privnet, storehost
 from nbddp.forkserver.tcpstore import loopback_addresses
 
 

@@ -1,21 +1,11 @@
 """``%%ddp --launcher slurm``: the cell runs on a Slurm allocation, one torchrun per node.
-
-A thin variant of the torchrun launcher (nbddp/sources/torchrun.py): the agent command becomes
-``srun ... bash slurm-node.sh``, where each Slurm task (one per node) starts
-``python -m torch.distributed.run`` for its node's ranks, meeting at a c10d rendezvous on the
-step's first node, which hosts its store, under a random id and at a random port (``--master-port``
-chooses it): nothing ``squeue`` shows derives either (issue #37.1). srun carries every node's
-``[rankN]:`` lines back to the kernel, so the live display, ``_ddp``, the per-rank errors and
-``--timeout`` are the torchrun launcher's. srun gets the kernel's environment without the
-JupyterHub token (nbddp/core/envvars.py inherited).
-
-Inside an allocation (``salloc``, or a notebook running in a batch job: ``SLURM_JOB_ID`` is set)
-the cell is a job step; elsewhere srun asks for a new job. The supervisor (nbddp/sources/supervisor.py)
-decides when to stop, as for every launch; here an interrupt reaches the ranks as
-``scancel --signal=INT`` of the step, and anything harder also ``scancel``s the step or job and
-waits until Slurm lists it no more, so nothing stays queued or running. The cell, its log folder and the kernel's Python must be
-visible at the same paths on every node (a shared filesystem, as for any Slurm job).
-"""
+A thin variant of nbddp/sources/torchrun.py: the agent command is ``srun ... bash slurm-node.sh``,
+each task a ``python -m torch.distributed.run`` for its node's ranks, meeting at a c10d rendezvous
+on the step's first node under a random id and port (nothing ``squeue`` shows derives either);
+srun gets the kernel's environment without the JupyterHub token (nbddp/core/envvars.py). Inside an
+allocation (``SLURM_JOB_ID``) the cell is a job step, else a new job; an interrupt is ``scancel
+--signal=INT``, anything harder ``scancel``s and waits until Slurm lists it no more. The cell, its
+log folder and the kernel's Python must be at the same paths on every node (a shared filesystem)."""
 from __future__ import annotations
 
 import os
@@ -30,14 +20,14 @@ import tempfile
 import time
 from dataclasses import replace
 
+from nbddp.core import diagnosis, envvars, torchrun_cli
 from nbddp.core.errors import DDPUsageError
-from nbddp.core import diagnosis
-from nbddp.core import envvars, torchrun_cli
-from nbddp.sources.torchrun import ElasticLaunch
-from nbddp.core.result import RunResult
-from nbddp.sources.slurm_script import PORT_CHECK, wants_gpus
 from nbddp.core.launch import Launch
+from nbddp.core.result import RunResult
+from nbddp.core.spec import LaunchSpec
 from nbddp.kernel.logdirs import private
+from nbddp.sources.slurm_script import PORT_CHECK, wants_gpus
+from nbddp.sources.torchrun import ElasticLaunch
 
 CANCEL_WAIT_S = 15.0
 # The launch's rendezvous port, where the cell names none (--master-port): random, below Linux's
@@ -83,7 +73,7 @@ class SlurmLaunch(ElasticLaunch):
             root = os.path.join(cwd, ".nbddp-slurm")
             os.makedirs(root, exist_ok=True)
             spec = replace(spec, log_dir=tempfile.mkdtemp(prefix="launch-", dir=root))
-        # tracebacks name the cell by its copy in the log folder, as before the one request (#38)
+        # tracebacks name the cell by its copy in the log folder
         super().__init__(replace(launch, spec=spec, cwd=cwd, cell_label=None),
                          device_count=0 if device_count is None else device_count)
         self.base_env = envvars.inherited(self.base_env, spec)  # srun copies it to every node

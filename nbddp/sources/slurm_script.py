@@ -1,13 +1,10 @@
 """The Slurm batch job for an exported ``%%ddp`` cell (``--export train.py --slurm``).
 
-Pure text: no processes. The job is the usual ``srun torchrun`` recipe: one task per node, each
-task a torchrun agent starting the node's ranks, all meeting at a c10d rendezvous on the job's
-first node. torchrun is run as ``$PYTHON -m torch.distributed.run`` (the same program as the
-``torchrun`` command) so the job names the interpreter that has torch: the exporting kernel's
-own (``sys.executable``) where that path exists on the node (a shared filesystem, as
-``--launcher slurm`` assumes), else ``python`` on the node's PATH; ``PYTHON=... sbatch
-train.sbatch`` overrides both (sbatch passes the submitter's environment on).
-"""
+Pure text: no processes. The usual ``srun torchrun`` recipe: one task per node, each a torchrun
+agent for the node's ranks, meeting at a c10d rendezvous on the job's first node. torchrun runs as
+``$PYTHON -m torch.distributed.run`` so the job names an interpreter with torch: the exporting
+kernel's (``sys.executable``) where that path exists on the node, else ``python`` on its PATH;
+``PYTHON=... sbatch train.sbatch`` overrides both (sbatch passes the environment on)."""
 from __future__ import annotations
 
 import os
@@ -86,8 +83,8 @@ HOST_SWITCH = ("'if [ \"$SLURMD_NODENAME\" = \"$0\" ]; then is_host=true; else i
 
 # Each rank runs the script through these lines: its stdout and stderr line-buffered, so each
 # line is one write. The ranks of a node share srun's stream; a print written in pieces (always so
-# under PYTHONUNBUFFERED, which sbatch passes on; at 8 KiB block boundaries otherwise) met another
-# rank's pieces in one line (issue #37.15). The rest is ``python SCRIPT ARGS``: argv, sys.path[0],
+# under PYTHONUNBUFFERED, which sbatch passes on; at buffer boundaries otherwise) meets another
+# rank's pieces in one line. The rest is ``python SCRIPT ARGS``: argv, sys.path[0],
 # __main__ and __file__ as then, the script's frames in tracebacks under its own name.
 RUN_BY_LINES = ('import os, sys\n'
                 'for stream in (sys.stdout, sys.stderr):\n'
@@ -139,7 +136,8 @@ def sbatch_text(spec: LaunchSpec, script: str, line: str = "", python: str | Non
     lines = spec.legacy_launch is None  # torch.distributed.launch puts --local-rank first: run plainly
     if lines:
         out += LINE_NOTE + [f"run_by_lines={shlex.quote(RUN_BY_LINES)}"]
-    out += ["export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'  # the global rank, as the notebook shows it",
+    out += ["export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'"
+            "  # the global rank, as the notebook shows it",
             'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
             f'  bash -c {HOST_SWITCH} "$head_node" \\',
             f'  "$PYTHON" -m {torchrun_cli.module(spec)} \\',

@@ -9,6 +9,7 @@ import os
 import time
 
 from nbddp.core.diagnosis import stack_complete
+from nbddp.rank.release import REQUEST as RELEASE
 from nbddp.rank.stackwatch import END_MARK, SIGNAL, ask_path
 
 _ANSWER_FRAME = 'stackwatch.py", line'
@@ -69,14 +70,20 @@ def without_answering_thread(dump: str) -> str:
     return "\n\n".join(kept) if kept else dump
 
 
-def _ask_thread(path: str) -> bool:
+def ask_release(path: str) -> bool:
+    """Ask a pool rank to close its process group's connections, so a collective it is blocked in
+    returns (nbddp/rank/release.py); False where no rank reads its FIFO."""
+    return _ask_thread(path, RELEASE)
+
+
+def _ask_thread(path: str, request: bytes = b"?") -> bool:
     """One byte into the rank's FIFO; False where no rank reads it (not there, or ended)."""
     try:
         fd = os.open(ask_path(path), os.O_WRONLY | os.O_NONBLOCK)
     except OSError:
         return False
     try:
-        os.write(fd, b"?")
+        os.write(fd, request)
         return True
     except OSError:
         return False

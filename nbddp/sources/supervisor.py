@@ -1,34 +1,29 @@
-"""One launch's lifecycle, whatever runs its processes: start, pump events, the clock (timeout,
-idle warning, escalation), fail-fast, interrupt, drain, cleanup, and the registry of live
-launches that the kernel's exit empties.
-
-Modelled on torch.distributed.elastic.multiprocessing's PContext: a launch's processes sit
-behind one small interface (``Source``: forkserver ranks, a pool's ranks, torchrun's agent) and
-report what happened as data (the RankResults of ``source.result``); everything about *when*
-to signal them lives here, once.
-
-The states: NEW → STARTING → RUNNING → (STOPPING) → CLOSING → DONE. While a launch is in
-the supervisor's hands, SIGINT (the stop button) only sets a flag that the loop reads, so an
-interrupt can never land in the middle of starting, reaping or closing: whatever was started
-is always ended, no nbddp-internal error escapes, and the launch always leaves the registry.
-"""
+"""One launch's lifecycle, whatever runs its processes: start, pump events, the clock (timeout, idle
+warning, escalation), fail-fast, interrupt, drain, cleanup, and the registry of live launches that
+the kernel's exit empties. As in torch's elastic PContext, the processes sit behind one small
+interface (``Source``) and report what happened as data (``source.result``); *when* to signal
+them is decided here, once. States: NEW → STARTING → RUNNING → (STOPPING) → CLOSING → DONE. While
+the supervisor holds a launch, SIGINT only sets a flag the loop reads, so an interrupt never lands
+mid-start, mid-reap or mid-close: what was started is ended, no internal error escapes, and the
+launch always leaves the registry."""
 from __future__ import annotations
 
 import atexit
-import os
 import signal
 import threading
 import time
 from contextlib import contextmanager
+from typing import Any
 
 from nbddp.core import diagnosis
+from nbddp.core.cellnames import name_cell
+from nbddp.core.result import RunResult
+from nbddp.core.states import LaunchState, StopReason
+from nbddp.core.summary import label
 from nbddp.forkserver import privnet
 from nbddp.kernel.inputbox import InputBox
 from nbddp.sources import stacks
 from nbddp.sources.asking import Asking
-from nbddp.core.cellnames import name_cell
-from nbddp.core.states import LaunchState, StopReason
-from nbddp.core.summary import label
 
 NEW, STARTING, RUNNING, STOPPING, CLOSING, DONE = LaunchState
 
@@ -75,8 +70,13 @@ class Source:
     FIRST_SIGNAL = {StopReason.FAILFAST: signal.SIGTERM, StopReason.TIMEOUT: signal.SIGTERM,
                     StopReason.INTERRUPT: signal.SIGINT}
     persistent = False  # a pool outlives its cells: it leaves the registry when it is stopped
-    interrupted_note = "interrupted: all ranks were stopped"
-    result = None
+
+    @property
+    def interrupted_note(self) -> str:
+        """The note for the interrupt (a class attribute in the sources that say more)."""
+        return "interrupted: all ranks were stopped"
+
+    result: RunResult | None = None
     cell_path = ""
     cell_label: str | None = None  # how stacks name cell_path's frames (nbddp/core/cellnames.py)
     source_text: str | None = None
@@ -194,7 +194,7 @@ class Supervisor:
                     self.state = RUNNING
                     self.last_output = time.monotonic()
                     self._loop()
-                except BaseException as exc:  # noqa: BLE001 - raised again once all is ended
+                except BaseException as exc:  # raised again once all is ended
                     error = exc  # (a start that failed, or a view that raised)
                     source.kill_now()
                 self.state = CLOSING
@@ -238,8 +238,8 @@ class Supervisor:
 
     def _elapsed(self, now: float) -> float:
         """Seconds the launch has run since its ``started_at``, less the user's time at prompts:
-        on the monotonic clock, read once against the wall clock (which NTP may slew or step;
-        slewed, it ran 1.5 ms per 0.3 s fast here, and the timeout came early)."""
+        on the monotonic clock, read once against the wall clock (which NTP may slew or step:
+        a slewed wall clock makes a timeout come early)."""
         if self.began is None:
             self.began = now - max(0.0, time.time() - self.source.result.started_at)
         return now - self.began - self.asked_s
@@ -283,7 +283,7 @@ class Supervisor:
                                                    [t[0] for t in targets], spec.timeout))
 
     # --------------------------------------------------------------- stopping
-    def _stop(self, reason: str, why: str) -> None:
+    def _stop(self, reason: StopReason, why: str) -> None:
         self.stopping, self.why, self.state = reason, why, STOPPING
         self.asking.stop()
         self.stop_at = now = time.monotonic()
@@ -341,7 +341,7 @@ class Supervisor:
                 handler(*args)
 
 
-_early = {"count": 0, "previous": None}
+_early: dict[str, Any] = {"count": 0, "previous": None}  # SIGINTs counted; the handler replaced
 
 
 def _count_early(signum, frame):

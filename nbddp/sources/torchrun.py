@@ -1,21 +1,11 @@
 """``%%ddp --launcher torchrun``: the cell runs under torch's own elastic launcher.
 
 The cell is written as a script in the launch's log folder and ``python -m torch.distributed.run``
-runs it (in its own session, so nothing it starts can outlive the cell). This is how one
-notebook joins a real multi-node job: every node runs the same torchrun with the same
-``--rdzv-endpoint`` (c10d rendezvous) or ``--master-addr/--master-port`` (static).
-
-torchrun's ``--tee 3`` copies every rank's output to its own with a ``[rankN]:`` prefix; nbddp
-reads it back per rank and sends the same events as the local launcher (``launch_started``,
-``rank_started``, ``output``, ``note``, ``tick``, ``rank_exited``, ``launch_finished``), so the
-display, ``_ddp`` and the errors are the same. Each rank runs through ``nbddp.rank.torchrun_rank``,
-which leaves its pid, exception and exit code in a status file.
-
-This module is the source the supervisor drives; the rest is split as for nbddp's own ranks:
-the command line is nbddp/core/torchrun_cli.py's, the agent process and its output
-nbddp/sources/torchrun_agent.py's, the ranks' status files and final states
-nbddp/sources/torchrun_ranks.py's, and what torchrun's log means nbddp/core/diagnosis.py's.
-"""
+runs it in its own session; every node of a multi-node job runs the same torchrun. Its ``--tee 3``
+``[rankN]:`` lines are read back per rank into the local launcher's events, so views, ``_ddp`` and
+errors are the same; each rank runs through nbddp.rank.torchrun_rank, which leaves a status file.
+Split as for nbddp's own ranks: the command line nbddp/core/torchrun_cli.py, the agent
+nbddp/sources/torchrun_agent.py, the status files nbddp/sources/torchrun_ranks.py."""
 from __future__ import annotations
 
 import os
@@ -23,19 +13,15 @@ import shlex
 import signal
 import sys
 
-from nbddp.kernel import cellscript
-from nbddp.core import envvars
-from nbddp.core import diagnosis
-from nbddp.core import placement
-from nbddp.forkserver import storehost
-from nbddp.core import settings
-from nbddp.core import torchrun_cli
+from nbddp.core import diagnosis, envvars, placement, settings, torchrun_cli
 from nbddp.core.cellnames import log_label
-from nbddp.core.rankfiles import RankFiles
 from nbddp.core.envvars import legacy_flag
-from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, write_private
-from nbddp.core.result import FAILED, KILLED, RankResult, RunResult, launch_result
 from nbddp.core.launch import Launch
+from nbddp.core.rankfiles import RankFiles
+from nbddp.core.result import FAILED, KILLED, RankResult, RunResult, launch_result
+from nbddp.forkserver import storehost
+from nbddp.kernel import cellscript
+from nbddp.kernel.logdirs import fresh_subdir, new_log_dir, write_private
 from nbddp.sources import ranklogs
 from nbddp.sources.supervisor import Source, Supervisor
 from nbddp.sources.torchrun_agent import PREFIX_TEMPLATE, PREFIX_VAR, AgentProcess, killpg, launched_by
@@ -58,7 +44,7 @@ class ElasticLaunch(Source):
         self.spec = spec = launch.spec
         self.source_text = launch.source
         self.label = launch.cell_label
-        self.script = None
+        self.script: str | None = None
         self.sinks = list(launch.sinks)
         self.cwd = os.path.abspath(launch.cwd)
         self.base_env = dict(launch.env_base)

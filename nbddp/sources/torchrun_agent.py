@@ -49,7 +49,7 @@ class AgentProcess:
         self.logs: dict[tuple[int, str], ranklogs.RankLog] = {}
         self._agent_log: ranklogs.RankLog | None = None
         self.buffers = {"stdout": b"", "stderr": b""}
-        self._selector = None
+        self._selector: selectors.DefaultSelector | None = None
         self._streams: dict[int, str] = {}
 
     @property

@@ -15,15 +15,15 @@ from __future__ import annotations
 import glob
 import json
 import os
-import stat
 import socket
+import stat
 import time
 
 from nbddp.core import exitstates
-from nbddp.sources.exitstatus import running
 from nbddp.core.rankfiles import RankFiles
 from nbddp.core.result import RankResult, RunResult
 from nbddp.core.states import RankState
+from nbddp.sources.exitstatus import running
 
 
 class TorchrunRanks:
@@ -124,7 +124,8 @@ class TorchrunRanks:
 
     def end(self, res: RankResult, code: int | None, stop, sent, ended_at: float | None = None,
             closed: set[int] | None = None) -> None:
-        res.exitcode, res.ended_at = code, ended_at or self.gone_at.get(res.pid) or time.time()
+        gone_at = self.gone_at.get(res.pid) if res.pid is not None else None
+        res.exitcode, res.ended_at = code, ended_at or gone_at or time.time()
         others_failed = any(exitstates.failed_by_itself(r) for r in self.by_rank.values() if r is not res)
         exitstates.settle_torchrun(res, stop, sent, others_failed, closed)
         self.emit("rank_exited", res)

@@ -3,16 +3,15 @@
 ``--output widgets``: the live ipywidgets view (nbddp/views/widgetview.py), whose displayed bundle
 also carries the static transcript. ``--output text``: ``[rankN]:`` prefixed lines as they
 arrive, and, in a Jupyter kernel, a text/plain + text/html status at the end (each rank's state
-and cause; the lines are above, so a papermill-run notebook keeps each line once). ``--output auto`` decides per cell from
-what the kernel has seen of the front end (nbddp/core/frontends.py): widgets where it renders
-them, else text with one line saying why (once per kernel).
+and cause; the lines are above, so a papermill-run notebook keeps each line once). ``--output auto`` decides per cell
+from what the kernel has seen of the front end (nbddp/core/frontends.py): widgets where it renders them, else text with
+one line saying why (once per kernel).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from nbddp.core import frontends
-from nbddp.core import settings
+from nbddp.core import frontends, settings
 from nbddp.core.sink import Sink
 from nbddp.kernel import frontend_probe
 from nbddp.views import transcript

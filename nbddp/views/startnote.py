@@ -1,12 +1,10 @@
-"""The notebook's side of the forkserver's start: a line in the running cell while a new
-forkserver imports torch (seconds, the first cell only), emptied once it has forked the ranks
-or the cell ends, and the IPython hooks that hold the first cell after ``%load_ext`` until the
-warm-up (nbddp/forkserver/storehost.py's ``warm_up``) holds the store host's lock, so the cell's
-launch waits for that host rather than starting one of its own. The kernel never imports torch.
-
-The extension (nbddp/__init__.py) makes one and gives it to the starter (``show``/``clear``)
-and to IPython (``wait_for_torch`` before each cell, ``clear`` after): the starter itself knows
-nothing of notebooks."""
+"""The notebook's side of the forkserver's start: a line in the running cell while a new forkserver
+imports torch (the first cell only), emptied once it has forked the ranks or the cell ends, and
+the IPython hooks that hold the first cell after ``%load_ext`` until the warm-up
+(nbddp/forkserver/storehost.py's ``warm_up``) holds the store host's lock, so the cell waits for
+that host rather than starting its own. The extension (nbddp/__init__.py) gives one to the starter
+(``show``/``clear``) and to IPython (``wait_for_torch`` before each cell, ``clear`` after): the
+starter itself knows nothing of notebooks."""
 from __future__ import annotations
 
 import threading

@@ -1,16 +1,10 @@
-"""A rank stream as a terminal would show it: ``\\r`` returns to the start of the line and the
-next characters overwrite it, ``\\n`` ends the line, ANSI SGR (colour, bold, ...) is kept as
-styling, every other escape (cursor moves, window titles) is dropped. So a tqdm bar is one line
-that changes, not 300 lines, and ``print("\\033[32mOK\\033[0m")`` is a green OK.
-
-Pure, and cheap on floods: a chunk without ``\\r``, ``\\b`` or ESC is split on newlines in bulk;
-a line keeps at most ``limit`` characters (the rest is counted, not kept), so a 50 MB line costs
-``limit`` characters of memory and linear time. The full bytes stay in the rank's log.
-
-A finished or pending line is a ``str`` whose styled runs are prefixed with a canonical SGR
-sequence (``\\x1b[1;32m``) and that ends with ``\\x1b[0m`` if it has any; ``plain`` strips them,
-``to_html`` turns them into ``<span style=...>``.
-"""
+"""A rank stream as a terminal would show it: ``\\r`` returns to the start of the line and the next
+characters overwrite it, ``\\n`` ends it, ANSI SGR (colour, bold, ...) is kept as styling, every
+other escape is dropped; so a tqdm bar is one line that changes. Pure, and cheap on floods: a chunk
+without ``\\r``, ``\\b`` or ESC is split on newlines in bulk, and a line keeps at most ``limit``
+characters (the rest is counted, not kept; the full bytes stay in the rank's log). A line is a
+``str`` whose styled runs start with a canonical SGR sequence (``\\x1b[1;32m``) and that ends with
+``\\x1b[0m`` if it has any; ``plain`` strips them, ``to_html`` makes ``<span style=...>``."""
 from __future__ import annotations
 
 import codecs
@@ -37,9 +31,10 @@ class _Style:
 
     __slots__ = ("fg", "bg", "flags")
 
-    def __init__(self):
-        self.fg = self.bg = None
-        self.flags = frozenset()
+    def __init__(self) -> None:
+        self.fg: str | None = None  # SGR colour codes, None: the default
+        self.bg: str | None = None
+        self.flags: frozenset[int] = frozenset()  # SGR codes on: bold, dim, italic, underline, inverse
 
     def apply(self, params: str) -> None:
         codes = [int(p) if p.isdigit() else 0 for p in params.split(";")] if params else [0]
@@ -296,6 +291,11 @@ def _css(code: str) -> str:
     return ";".join(css)
 
 
+def _hex(rgb) -> str:
+    r, g, b = rgb
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
 def _color(code: str | None) -> str | None:
     if not code:
         return None
@@ -314,11 +314,11 @@ def _color(code: str | None) -> str | None:
         if n < 232:
             n -= 16
             r, g, b = (n // 36) % 6, (n // 6) % 6, n % 6
-            return "#%02x%02x%02x" % tuple(0 if v == 0 else 55 + 40 * v for v in (r, g, b))
+            return _hex(0 if v == 0 else 55 + 40 * v for v in (r, g, b))
         v = 8 + 10 * (n - 232)
-        return "#%02x%02x%02x" % (v, v, v)
+        return _hex((v, v, v))
     if len(parts) >= 5 and parts[1] == 2:
-        return "#%02x%02x%02x" % tuple(max(0, min(255, v)) for v in parts[2:5])
+        return _hex(max(0, min(255, v)) for v in parts[2:5])
     return None
 
 

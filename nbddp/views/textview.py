@@ -1,23 +1,11 @@
-"""Plain-text view of a launch: each line prefixed with its rank (as torchrun's ``--tee`` does),
-stdout to the kernel's stdout and stderr to its stderr, the failure summary itself is the DDPError's to show.
-
-Each rank stream goes through a terminal model (nbddp/views/terminal.py), so a progress bar is one
-line: the line being rewritten is shown at the bottom of its stream (``\\r`` + the line, as a
-terminal does, which Jupyter renders in place), re-sent at most every PENDING_INTERVAL_S, blanked
-before any other rank's line is written and shown again after it. Front ends overwrite after
-``\\r`` by raw characters (escape codes included, counted in UTF-16 units: JupyterLab, Notebook 7,
-VS Code, classic Notebook), so the blank is that long. ANSI colours pass through. With
-``--same-lines merge`` a line several ranks print is written once (nbddp/core/samelines.py).
-
-Nothing is lost on the way to the browser: a notebook server drops all iopub output above its
-rate limit (nbddp/core/iopubrate.py), the end-of-cell report included, so lines are written only
-while they fit a share of it. Lines that do not fit are held back: a note says which (rank,
-stream and line numbers, as in the log files) and where the logs are, when output fits again and
-at the end; the end-of-cell note waits until it fits. Bounded too: a line keeps at most
-LINE_LIMIT characters (the line shown in place, terminal.MAX_LINE), and after TEXT_LIMIT_CHARS
-in one launch further lines are counted, not sent (the logs keep everything, the end-of-cell
-transcript the last lines of each rank).
-"""
+"""Plain-text view of a launch: each line prefixed with its rank (as torchrun's ``--tee``), stdout to
+the kernel's stdout, stderr to its stderr; the failure summary is the DDPError's to show. Each
+stream goes through a terminal model (nbddp/views/terminal.py): the line being rewritten is shown
+last (``\\r`` + the line), re-sent at most every PENDING_INTERVAL_S and blanked (as long as front
+ends count it) around other ranks' lines; ``--same-lines merge`` says shared lines once. A
+notebook server drops all output above its rate limit (nbddp/core/iopubrate.py), so lines go out
+only while they fit a share of it; held-back ones are named in a note. Bounded: LINE_LIMIT a line,
+TEXT_LIMIT_CHARS a launch; the logs keep everything."""
 from __future__ import annotations
 
 import sys
@@ -28,13 +16,12 @@ from nbddp.core.iopubrate import SERVER_DATA_RATE, RateWindow, stream_bytes
 from nbddp.core.samelines import SameLines
 from nbddp.core.sink import Sink
 from nbddp.core.summary import label, wrapped
-from nbddp.views import terminal
-from nbddp.views import transcript
+from nbddp.views import terminal, transcript
 from nbddp.views.terminal import Terminal
 
 PENDING_INTERVAL_S = 0.3      # a rewritten line is re-sent at most ~3 times a second
 TEXT_LIMIT_CHARS = 5_000_000  # text sent per launch; the rest stays in the logs
-LINE_LIMIT = 2_000_000        # characters of one line sent (a 1 MB line arrives whole)
+LINE_LIMIT = 2_000_000        # characters of one line sent (a line of a million characters arrives whole)
 RESUME_SHARE = 1 / 3          # held-back output resumes once this share of the window is free
 STDERR_RESERVE = 0.2          # of the window kept for stderr (warnings, tracebacks) while stdout floods
 REPORT_WAIT_S = 4.0           # the end-of-cell note waits at most this long for room
@@ -284,12 +271,13 @@ class TextView(Sink):
                 self._left -= cost
             if capped and keep < len(texts):
                 self._left = 0
-                self._send("stderr", wrapped(f"nbddp: {self._why_held()}: further lines are not shown here (how "
-                                             f"many: at the end); every line is in the logs: {self.log_dir}") + "\n", now)
+                held = wrapped(f"nbddp: {self._why_held()}: further lines are not shown here (how many: at the end); "
+                               f"every line is in the logs: {self.log_dir}")
+                self._send("stderr", held + "\n", now)
         if keep < len(numbered):
             self._holding.add(stream)
             for ranks, _, firsts in numbered[keep:]:
-                for r, n in zip(ranks, firsts):
+                for r, n in zip(ranks, firsts, strict=True):
                     self._held.add(r, stream, n)
 
     def _why_held(self) -> str:

@@ -14,10 +14,10 @@ from collections import deque
 
 from nbddp.core import summary
 from nbddp.core.diagnosis import final_notes
+from nbddp.core.result import KILLED, OK, RUNNING, STARTING, RunResult, signal_name
 from nbddp.core.samelines import SameLines
+from nbddp.core.states import CAUSING, FINAL_STATES, RankState
 from nbddp.views import terminal
-from nbddp.core.result import FINAL_STATES, KILLED, OK, RUNNING, STARTING, signal_name
-from nbddp.core.states import RankState
 from nbddp.views.terminal import Terminal
 
 MAX_LINE = terminal.MAX_LINE  # characters kept of one line (the rest is counted, not kept)
@@ -29,7 +29,8 @@ SECTION_HEIGHT = "26em"  # a rank's section in the transcript scrolls past this 
 LIVE_LINES = 3           # last lines per rank in the live status's text
 PROGRESS_CHARS = 48      # of a rank's progress line shown on its chip
 CHIP_LIMIT = 8           # more ranks than this: same-state ranks share a chip after a failure
-_CHIP_STYLE = "display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;font:12px monospace;white-space:pre"
+_CHIP_STYLE = ("display:inline-block;margin:1px 3px 1px 0;padding:0 6px;border-radius:9px;font:12px monospace;"
+               "white-space:pre")
 # between chips: copied text reads "rank 0: ok … · rank 1: …" (the chips' margins space them on screen)
 CHIP_SEP = '<span class="nbddp-sep" style="font-size:0"> · </span>'
 
@@ -92,8 +93,8 @@ class Collector:
 
     def __init__(self, spec, tail_lines: int = TAIL_LINES, all_lines: int = ALL_LINES):
         self.spec = spec
-        self.result = None
-        self.backend = None
+        self.result: RunResult | None = None
+        self.backend: str | None = None
         self.tails: dict[int, Tail] = {r: Tail(tail_lines) for r in range(spec.world_size) if spec.shown(r)}
         self.all = Tail(all_lines)       # entries: (stream, (rank, text)); rank a tuple: ranks that printed it
         shown = sorted(self.tails)
@@ -357,7 +358,7 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
         out.append(f"  {summary.label(result.remote)}: on other nodes (their output is shown there)")
     out += _silent_lines(collector)
     for ranks, tail in ([] if streamed else _same_sections(collector)):
-        rank, (name, log) = ranks[0], _section_name(collector, ranks, tail)
+        name, log = _section_name(collector, ranks, tail)
         lines = list(tail.lines)[-lines_per_rank:]
         out.append(f"--- {name} ({tail.total} line{'s' if tail.total != 1 else ''}) ---")
         if tail.total > len(lines):
@@ -371,7 +372,7 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
 
 def _folded(result) -> bool:
     """Many ranks and a failure: same-state ranks are said once (chips, status lines)."""
-    return len(result.ranks) > CHIP_LIMIT and any(r.state in summary.CAUSING for r in result.ranks)
+    return len(result.ranks) > CHIP_LIMIT and any(r.state in CAUSING for r in result.ranks)
 
 
 def chip_html(rank_result, now: float | None = None, progress: str = "", hung: bool = False) -> str:
@@ -400,7 +401,7 @@ def chips_html(result, now: float | None = None, progress=None, hung=()) -> str:
         return CHIP_SEP.join(chip_html(r, now, progress(r.rank) if progress else "", r.rank in hung)
                              for r in result.ranks)
     out = []
-    for ranks, state, cause in sorted(summary.groups(result.ranks), key=lambda g: g[1] not in summary.CAUSING):
+    for ranks, state, cause in sorted(summary.groups(result.ranks), key=lambda g: g[1] not in CAUSING):
         if len(ranks) == 1:
             out.append(chip_html(result.rank(ranks[0]), now, progress(ranks[0]) if progress else ""))
             continue
@@ -462,7 +463,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
            f'<div>{chips_html(result, progress=collector.progress)}</div>']
     folded = _folded(result)   # then the chips already say the other groups
     for ranks, state, cause in summary.groups(result.ranks):
-        if cause and (not folded or state in summary.CAUSING):
+        if cause and (not folded or state in CAUSING):
             out.append(f'<div class="nbddp-cause" style="color:{ERROR_TEXT}">{html.escape(summary.label(ranks))}: '
                        f'{html.escape(cause)}</div>')
     for note in () if streamed else final_notes(collector.notes):
@@ -470,7 +471,7 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
     if result.remote:
         out.append(f'<div style="color:{MUTED}">{summary.label(result.remote)}: on other nodes '
                    f'(their output is shown there)</div>')
-    failed = {r.rank for r in result.ranks if r.state in summary.CAUSING}
+    failed = {r.rank for r in result.ranks if r.state in CAUSING}
     for line in _silent_lines(collector):
         out.append(f'<div style="color:{MUTED}">{html.escape(line)}</div>')
     sections = [] if streamed else _same_sections(collector)

@@ -1,42 +1,29 @@
-"""Live view of a launch: a status output (headline, hang banner, one chip per rank, the launch
-line) above an ipywidgets view with one pane per rank (its stdout and stderr, stderr
-highlighted, and its rich output) and an "all ranks" pane with lines interleaved in arrival
-order. Up to 8 shown ranks get tabs; more get a selector.
-
-The status is a plain text/html + text/plain display, not a widget, updated under its
-display_id: a notebook saved while the cell runs keeps the last state it showed, readable after
-the kernel is gone (a widget's display cannot be updated so: front ends re-create its view).
-When the launch ends, the status is replaced by the static text/plain + text/html transcript
-(nbddp/views/transcript.py), the widget's display is emptied and every widget of the view is
-closed: a saved notebook reads the same after a kernel restart, on GitHub and in nbconvert, and
-the kernel keeps no widgets from past cells.
-
-Each rank stream goes through a terminal model (nbddp/views/terminal.py): a line still being written
-(a progress bar) is shown at the bottom of its pane, updated at the pane's rate, and mirrored on
-the rank's chip.
-
-Bounded: each pane holds about the last TAIL_LINES lines in a ring of SLOTS blocks (with an "N
-earlier lines hidden" marker and the full log's path); widget updates are sent from ``tick``
-only, at most every PANE_INTERVAL_S per pane and within a token-bucket budget of
-RATE_CHARS_PER_S, so a flood of long lines costs the front end about 1 MB of HTML a second,
-whatever the ranks produce.
-"""
+"""Live view of a launch: a status output (headline, hang banner, one chip per rank, the launch line)
+above an ipywidgets view with one pane per rank and an "all ranks" pane. The status is a plain
+display updated under its display_id, not a widget, so a notebook saved mid-run keeps its last
+state; at the end it becomes the static transcript (nbddp/views/transcript.py) and every widget is
+closed, so a saved notebook reads the same anywhere and the kernel keeps no widgets. Streams go
+through a terminal model (nbddp/views/terminal.py). Bounded: a pane keeps about TAIL_LINES lines in
+SLOTS reused blocks, and updates go out from ``tick`` only, at most every PANE_INTERVAL_S per pane
+within a RATE_CHARS_PER_S budget, whatever the ranks produce."""
 from __future__ import annotations
 
 import html
 import itertools
 import time
+from typing import Any
 
 import ipywidgets as W
-from ipywidgets.widgets.widget_string import HTMLStyle
 from IPython.display import display as ipy_display
+from ipywidgets.widgets.widget_string import HTMLStyle
 
-from nbddp.core.sink import Sink
-from nbddp.views import transcript
+from nbddp.core import summary
 from nbddp.core.diagnosis import IDLE_WARNING
 from nbddp.core.result import OK, RUNNING, STARTING
-from nbddp.core import summary
-from nbddp.core.summary import CAUSING, label
+from nbddp.core.sink import Sink
+from nbddp.core.states import CAUSING
+from nbddp.core.summary import label
+from nbddp.views import transcript
 from nbddp.views.textview import KERNEL_WINDOW, REPORT_WAIT_S
 from nbddp.views.transcript import Collector
 
@@ -84,7 +71,7 @@ class _Pane:
         self.pending = W.HTML(value="", **shared)
         self.slots: list = []         # [widget, entries] in creation order
         self.rich: list = []          # Output widgets, creation order
-        self.open = None              # the slot new lines go into
+        self.open: list[Any] | None = None  # the slot new lines go into: [widget, entries]
         self.seq = 0                  # the CSS order of the next block
         self.sent = 0                 # the tail's total when lines were last taken
         self.ring = W.VBox([], layout=W.Layout(flex="none", overflow="visible"))
@@ -178,7 +165,8 @@ class WidgetView(Sink):
         self.root = None
         self._widgets = []      # everything to close when the launch ends
         self._hung: dict = {}   # rank -> where it waits, while the idle warning holds
-        self._asking = (None, [], None)  # (rank at the input box, ranks waiting for it, why)
+        # (rank at the input box, ranks waiting for it, why)
+        self._asking: tuple[int | None, list[int], str | None] = (None, [], None)
         self._header_dirty = True
         self._header_at = 0.0
         self.updates_sent = 0   # pane updates sent to the front end (for tests and budgets)
@@ -339,7 +327,7 @@ class WidgetView(Sink):
         """Tab/dropdown labels carry each rank's state; ``focus``: the first rank that failed is shown."""
         labels = []
         for key in self.order:
-            res = self.c.result.rank(key) if key != "all" else None
+            res = self.c.result.rank(key) if isinstance(key, int) else None  # key: a rank, or "all"
             word = res.state if res is not None and res.state not in (OK, RUNNING, STARTING) else ""
             labels.append(self.panes[key].title + (f" · {word}" if word else ""))
         if focus is not None and not getattr(self, "_focused", False):
@@ -374,7 +362,8 @@ class WidgetView(Sink):
         hung = {r: where for r, where in self._hung.items() if result.rank(r) and result.rank(r).ended_at is None}
         banner = ""
         if hung and not self.c.finished:
-            where = "; ".join(f"rank {r} blocked at {w}" if w else f"rank {r}: no stack" for r, w in sorted(hung.items()))
+            where = "; ".join(f"rank {r} blocked at {w}" if w else f"rank {r}: no stack"
+                              for r, w in sorted(hung.items()))
             fg, bg = transcript.STATE_COLORS["hung"]
             banner = (f'<div class="nbddp-hang" style="margin:3px 0;padding:3px 8px;border-radius:3px;'
                       f'line-height:1.4;background:{bg};color:{fg};border:1px solid {fg}">&#9888; no output from any '
@@ -388,8 +377,10 @@ class WidgetView(Sink):
                        f'background:{bg};color:{fg};border:1px solid {fg}">&#9998; '
                        f'{html.escape(summary.asking_line(asking, waiting, purpose))}</div>')
             words = "asks for input" if purpose == "input" else "in the debugger"
-            progress = (lambda r: words if r == asking else "waits for the debugger" if r in waiting
-                        else self.c.progress(r))
+
+            def asking_progress(r):
+                return words if r == asking else "waits for the debugger" if r in waiting else self.c.progress(r)
+            progress = asking_progress
         return {"text/plain": transcript.live_text(self.c, hung),
                 "text/html": (f'<div class="nbddp-status" style="line-height:1.4">'
                               f'<div><b>{html.escape(transcript.headline(result, self.c.finished))}</b></div>{banner}'
@@ -399,6 +390,7 @@ class WidgetView(Sink):
 
     def _push_pane(self, pane: _Pane, now: float) -> int:
         key = next(k for k, p in self.panes.items() if p is pane)
+        pending: list[tuple[str, Any]]  # (stream, line); the interleaved pane's lines say their rank
         if key == "all":
             tail, with_rank = self.c.all, True
             pending = [(s, (r, line)) for r in self.c.tails for s, line in self.c.pending(r)]

@@ -1,7 +1,7 @@
 # %% title [markdown]
 # # 11 · Persistent workers: training across cells (常驻进程池)
 #
-# A fresh `%%ddp` cell is one `torchrun` job: processes start, run, and end. For training in a notebook you often want the model, the optimizer and the process group to **stay alive between cells**, like ipyparallel's engines. `%ddp_pool start -n N` starts such workers once; every `%%ddp` cell then runs on them, with the same torchrun environment, per-rank output and diagnostics. `--push` sends notebook values in, `--pull` brings worker values back (a list indexed by rank, or `name@0` for one rank), `--ranks 0` runs a cell on some ranks only, `--fresh` still runs a separate job.
+# A fresh `%%ddp` cell is one `torchrun` job: processes start, run, and end. For training in a notebook you often want the model, the optimizer and the process group to **stay alive between cells**, like ipyparallel's engines. `%ddp_pool start -n N` starts such workers once; every `%%ddp` cell then runs on them, with the same torchrun environment, per-rank output and diagnostics. `--push` sends notebook values in, `--pull` brings worker values back (a list indexed by rank, or `name@0` for one rank), `--ranks 0` runs a cell on some ranks only, `--fresh` still runs a separate job. A collective that hangs costs one cell, not the model (section 4), and `--all-cells` sends every cell to the pool without a magic line (section 5).
 
 # %% parameters tags=["parameters"]
 world_size = 2
@@ -9,7 +9,7 @@ epochs = 3
 
 # %% title-code
 # %load_ext nbddp
-# %ddp_pool start -n $world_size
+# %ddp_pool start -n $world_size --timeout 60
 
 # %% define-model-once [markdown]
 # ## 1 · Define the model once
@@ -63,6 +63,48 @@ print(f'rank {rank}: eval mse {mse.item():.4f}')
 history_above = list(history)            # rank 0's history as this section pulled it
 print('loss history (rank 0):', [round(v, 4) for v in history])
 print('first-layer weight sum per rank:', weights)
+
+# %% hang-costs-one-cell [markdown]
+# ## 4 · A collective that hangs costs one cell, not the model
+# The classic mistake of lesson 06, now on the pool: a collective inside `if rank == 0:`. Rank 0 waits in
+# `all_reduce` for a partner that never comes, in C code that the stop button's SIGINT cannot reach, and
+# `ProcessGroup.abort()` does not wake it either. At the cell's `--timeout` nbddp shows where each rank is, then
+# closes the process group's connections: rank 0's call returns, raising `nbddp.Released` at that line. The
+# workers stay, with everything the cells above built; only the group is gone.
+
+# %% hang-costs-one-cell-code
+import nbddp
+hang = '''
+t = torch.ones(1)
+if rank == 0:
+    dist.all_reduce(t)          # rank 1 never calls it
+'''
+try:
+    get_ipython().run_cell_magic("ddp", "--timeout 5", hang)
+    raise AssertionError("expected a timeout")
+except nbddp.DDPTimeout as exc:
+    hung = exc.result
+for r in hung.ranks:
+    print(f"rank {r.rank}: {r.state} ({r.cause or 'its cell ended'})")
+
+# %% hang-costs-one-cell-check
+assert hung.timed_out and hung.ranks[0].cause.startswith("released from a blocked collective"), hung.ranks[0]
+assert all(r.state == "ok" for r in hung.ranks[1:]), hung.ranks
+
+# %% group-again [markdown]
+# The next cell on the pool says once that the group is gone. Create it again, and wrap the model in DDP again:
+# a DDP model belongs to the process group it was made with. The weights are the ones the epochs above trained.
+
+# %% group-again-ddp
+# %%ddp --pull kept --timeout 60
+print(f'rank {rank}: {len(history)} losses of history kept; process group alive: {dist.is_initialized()}')
+dist.init_process_group('gloo')
+model = DDP(model.module)                  # the same module and weights, on the new group
+kept = model.module[0].weight.sum().item()
+
+# %% group-again-code
+print('first-layer weight sum per rank, after the hang:', kept)
+assert kept == weights, (kept, weights)    # section 3's weights, unchanged on every rank
 
 # %% check [markdown]
 # ## Check
@@ -125,6 +167,28 @@ t = loss.detach().clone(); dist.all_reduce(t); t /= world
 history.append(t.item())
 dist.destroy_process_group()
 # expect: ✗ .*started over
+
+# %% all-cells [markdown]
+# ## 5 · Every cell on the pool (`--all-cells`)
+# When most cells of a notebook run on the pool, a `%%ddp` line on each is noise. `%ddp_pool all-cells on` (or
+# `--all-cells` when the pool starts), like ipyparallel's `%autopx`, sends every cell of code to the pool with the
+# pool's options (here its `--timeout 60`), until `%ddp_pool all-cells off`. A cell that begins with `%%local` runs
+# in the notebook's kernel, and so does one that begins with another magic, such as the two that turn it on and off.
+
+# %% all-cells-on
+# %ddp_pool all-cells on
+
+# %% all-cells-on-the-pool
+print(f'rank {rank}: {len(history)} losses so far, on the pool without a magic line')
+
+# %% all-cells-local
+# %%local
+import os
+print('this cell ran in the notebook kernel:', 'RANK' not in os.environ)
+assert 'RANK' not in os.environ and _ddp.ok and len(_ddp.ranks) == world_size, _ddp
+
+# %% all-cells-off
+# %ddp_pool all-cells off
 
 # %% stop-pool
 # %ddp_pool stop

@@ -41,7 +41,6 @@ out_dir = "runs/14"
 # %%ddp -n $world_size --timeout 60 --pull held,inside
 import torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 
