@@ -16,10 +16,11 @@ from nbddp.core.errors import DDPUsageError
 from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
 from nbddp.core.spec import LaunchSpec
-from nbddp.sources import local, pool as on_pool, slurm, torchrun
+from nbddp.sources import local, pool as on_pool, ray, slurm, torchrun
 from nbddp.views import choose
 
-SOURCES = {"local": local.run, "pool": on_pool.run, "torchrun": torchrun.run, "slurm": slurm.run}
+SOURCES = {"local": local.run, "pool": on_pool.run, "torchrun": torchrun.run, "slurm": slurm.run,
+           "ray": ray.run}
 
 
 def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec | None = None,

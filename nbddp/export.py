@@ -4,6 +4,8 @@
 The script is the cell as the ranks ran it: line 1 is the ``# %%ddp ...`` line, so a traceback
 from the script names the same line numbers as the notebook; the commands follow as a comment
 block at the end (built by nbddp/core/torchrun_cli.py). Nothing of nbddp is needed to run it.
+``--slurm`` also writes a Slurm batch job, ``--ray`` a Ray job (SCRIPT_ray.py: nbddp/core/rayjob.py)
+that runs it with one torchrun per node.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import ipaddress
 import os
 import shlex
 
+from nbddp.core import rayjob
 from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.launchrules import check_cell, check_script_name
@@ -100,6 +103,10 @@ def _write(path: str, body: str, line: str, spec: LaunchSpec, out) -> list[str]:
 
             job = path[:-3] + ".sbatch"
             _save(job, sbatch_text(spec, path, line), secret)
+        ray_job = None
+        if spec.ray:
+            ray_job = rayjob.job_path(path)
+            _save(ray_job, rayjob.job_script(spec, path, line), secret)
     except OSError as exc:
         why = ("it is a symbolic link (nbddp writes no file through one)" if exc.errno == errno.ELOOP
                else exc.strerror or str(exc))
@@ -120,6 +127,9 @@ def _write(path: str, body: str, line: str, spec: LaunchSpec, out) -> list[str]:
     if job:
         out.write(f"nbddp: wrote {job}; submit it from {os.path.dirname(job) or '.'}/ with: "
                   f"sbatch {os.path.basename(job)}\n")
+    if ray_job:
+        out.write(f"nbddp: wrote {ray_job}; submit it to a Ray cluster from {os.path.dirname(ray_job) or '.'}/ "
+                  f"with: {rayjob.submit_command(path)}\n")
     return commands
 
 

@@ -95,8 +95,9 @@ class DDPMagics(Magics):
     def ddp_export(self, line: str, cell: str | None = None):
         """``%ddp_export script.py [%%ddp options]``: write the last %%ddp cell (or this cell,
         as ``%%ddp_export script.py -n 4``) as a torchrun script and print the torchrun commands.
-        ``--slurm`` also writes ``script.sbatch``; given alone (with --partition/--account/--time/
-        --sbatch), it adds to the last cell's options instead of replacing them."""
+        ``--slurm`` also writes ``script.sbatch``, ``--ray`` ``script_ray.py`` (a Ray job); given
+        alone (or with --partition/--account/--time/--sbatch), they add to the last cell's options
+        instead of replacing them."""
         from nbddp import export
 
         with _shown_as_usage_error():

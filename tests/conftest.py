@@ -49,7 +49,8 @@ LONGEST = {"test_notebooks.py": 298, "test_browser.py": 276, "test_readme.py": 1
            "test_wheel.py": 92, "test_interrupts.py": 86, "test_spares.py": 62, "test_preload.py": 60,
            "test_training_soak.py": 52, "test_private_net.py": 51, "test_cell_script.py": 51, "test_export.py": 47,
            "test_class_load.py": 47, "test_diagnosis.py": 44, "test_pool.py": 35,
-           "test_docs.py": 60, "test_colab_pins.py": 150}  # its venv is built on a fresh clone (cached after)
+           "test_docs.py": 60, "test_colab_pins.py": 150,  # its venv is built on a fresh clone (cached after)
+           "test_ray_launcher.py": 200}
 
 
 TESTS = Path(__file__).resolve().parent

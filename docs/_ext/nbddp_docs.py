@@ -38,7 +38,7 @@ MORE = {
     "rdzv_timeout": "/howto/cluster", "fresh": "/howto/pools", "push": "/howto/pools", "pull": "/howto/pools",
     "pdb": "/howto/debugging", "export": "/howto/cluster", "slurm": "/howto/cluster",
     "partition": "/howto/cluster", "account": "/howto/cluster", "time_limit": "/howto/cluster",
-    "sbatch": "/howto/cluster",
+    "sbatch": "/howto/cluster", "ray_address": "/howto/cluster", "ray": "/howto/cluster",
 }
 
 # An error text that triggers each hint (matched by the hint's own pattern in tests/unit/test_docs_sources.py),

@@ -81,7 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="merge (default): a line several ranks print is shown once, as [ranks 0–3]:; apart: per rank")
     p.add_argument("--log-dir", dest="log_dir", default=None, help="where full per-rank logs are kept")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local",
-                   help="local (fast workers on this machine) or torchrun (torch.distributed.run)")
+                   help="local (fast workers on this machine), torchrun (torch.distributed.run), slurm "
+                        "(srun + torchrun per node) or ray (a Ray cluster, torchrun per node)")
+    p.add_argument("--ray-address", dest="ray_address", default=None, metavar="ADDRESS",
+                   help="the Ray cluster of --launcher ray: HOST:PORT, ray://HOST:PORT or auto "
+                        "(default: RAY_ADDRESS, else a local Ray started for the cell)")
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=None,
                    help="HOST:PORT every node meets at (torchrun launcher, c10d rendezvous)")
     p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="c10d",
@@ -92,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                    type=values.nonneg_int("--max-restarts"), default=0,
                    help="times torchrun restarts the ranks after a failure (torchrun launcher)")
     p.add_argument("--rdzv-timeout", "--rdzv_timeout", dest="rdzv_timeout", type=values.seconds("--rdzv-timeout"),
-                   default=None, help="seconds to wait for every node to join (torchrun's rdzv join_timeout)")
+                   default=None, help="seconds to wait for every node to join (torchrun's rdzv join_timeout; "
+                                      "with --launcher ray also for Ray to place every node's bundle)")
     p.add_argument("--gpus", type=values.int_list("--gpus"), default=None, help="CUDA devices to use, e.g. 0,1,3")
     p.add_argument("--fresh", action="store_true", help="run a fresh job even while a pool runs")
     p.add_argument("--push", type=values.names, default=(), help="notebook names to send into every worker")
@@ -100,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pdb", action="store_true",
                    help="the first rank to fail opens the debugger at the failing frame (as %%pdb)")
     p.add_argument("--export", default=None, metavar="SCRIPT.py", help="also write the cell as a torchrun script")
+    p.add_argument("--ray", action="store_true",
+                   help="with --export / %%ddp_export: also write SCRIPT_ray.py, a Ray job (ray job submit) "
+                        "that runs the script with one torchrun per node")
     p.add_argument("--slurm", action="store_true",
                    help="with --export / %%ddp_export: also write SCRIPT.sbatch, a Slurm batch job")
     p.add_argument("--partition", type=values.slurm_name("--partition"), default=None, help="Slurm partition")
@@ -148,7 +156,8 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
                      rdzv_timeout=ns.rdzv_timeout,
                      gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, export=ns.export,
                      slurm=ns.slurm, partition=ns.partition, account=ns.account, time_limit=ns.time_limit,
-                     sbatch=ns.sbatch, pdb=ns.pdb, max_ranks=ns.max_ranks)
+                     sbatch=ns.sbatch, pdb=ns.pdb, max_ranks=ns.max_ranks,
+                     ray_address=ns.ray_address, ray=ns.ray)
 
 
 def _glue_sbatch(words: list[str]) -> list[str]:

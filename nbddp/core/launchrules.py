@@ -139,7 +139,7 @@ def check_log_dir(path: str) -> None:
 def _check_capacity(spec: LaunchSpec) -> None:
     """No more ranks than the machine runs (nbddp/core/capacity.py), unless --max-ranks says so:
     the local launcher runs every rank here, torchrun this node's, Slurm none."""
-    if spec.launcher == "slurm":
+    if spec.launcher in ("slurm", "ray"):  # the cluster's nodes run the ranks
         here, machine = spec.world_size, None
     else:
         here = spec.world_size if spec.launcher == "local" else spec.nproc_per_node
@@ -190,6 +190,8 @@ def _check(spec: LaunchSpec) -> None:
     if spec.launcher != "torchrun":
         for name, value in (("--rdzv-endpoint", spec.rdzv_endpoint), ("--rdzv-id", spec.rdzv_id),
                             ("--rdzv-timeout", spec.rdzv_timeout)):
+            if name == "--rdzv-timeout" and spec.launcher == "ray":
+                continue  # Ray's nodes join too: the placement's wait, then torchrun's join_timeout
             if value is not None:
                 raise DDPUsageError(f"%%ddp: {name} is for a real multi-node job: use it with --launcher torchrun")
     if spec.launcher != "slurm" and not spec.slurm:
@@ -200,6 +202,11 @@ def _check(spec: LaunchSpec) -> None:
             if given is not None:
                 raise DDPUsageError(f"%%ddp: {name} is a Slurm option: use it with --launcher slurm, "
                                  "or with --export SCRIPT.py --slurm")
+    if spec.launcher == "ray" and spec.gpus is not None:
+        raise DDPUsageError("%%ddp: --gpus picks this machine's devices; on Ray each node's bundle gets "
+                            "its ranks' GPUs from Ray: use --backend nccl (one GPU per rank)")
+    if spec.ray_address is not None and spec.launcher != "ray":
+        raise DDPUsageError("%%ddp: --ray-address names the Ray cluster of --launcher ray: use them together")
     if spec.launcher == "slurm" and spec.sbatch and not spec.slurm:
         raise DDPUsageError("%%ddp: --sbatch lines are for the exported job (--export SCRIPT.py --slurm); "
                          "a --launcher slurm cell takes --partition, --account and --time")
@@ -279,10 +286,13 @@ def choose_source(spec: LaunchSpec, *, pool: LaunchSpec | None = None, pool_read
                   why_broken: str = "", func: bool = False, push: bool = False, args: bool = False,
                   own_env: bool = False) -> str:
     """Which process source runs a launch of ``spec`` (a name in nbddp/api.py's SOURCES: "local",
-    "pool", "torchrun" or "slurm"), after the rules that tie
+    "pool", "torchrun", "slurm" or "ray"), after the rules that tie
     a launch to its source. ``pool``: a started pool's spec (None: no pool), ready or not (and why
     it broke); ``func``: the target is a callable, not source text; ``push``: values to send;
     ``args``: args/kwargs for the target; ``own_env``: cwd or env_base given."""
+    if spec.ray and not spec.export:
+        raise DDPUsageError("%%ddp: --ray writes a Ray job next to the exported script: "
+                            "use it with --export SCRIPT.py (or %ddp_export SCRIPT.py --ray)")
     if spec.slurm and not spec.export:
         raise DDPUsageError("%%ddp: --slurm writes a Slurm job next to the exported script: "
                             "use it with --export SCRIPT.py (or %ddp_export SCRIPT.py --slurm)")

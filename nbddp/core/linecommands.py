@@ -80,14 +80,14 @@ def _all_cells(words: list[str], running: bool) -> PoolCommand:
 
 
 # ---------------------------------------------------------------- %ddp_export
-_SLURM_JOB_FLAGS = ("--slurm", "--partition", "--account", "--time", "--sbatch")
+_SLURM_JOB_FLAGS = ("--slurm", "--partition", "--account", "--time", "--sbatch", "--ray")
 
 
 def parse_export_line(line: str, last_line: str | None, with_cell: bool) -> tuple[str, str]:
     """``%ddp_export SCRIPT.py [options]`` → (script, the %%ddp options to export with). Without
     a cell of its own (``with_cell`` False) it exports the last ``%%ddp`` cell (``last_line``:
     its line, None before any): no options means that cell's, and options that only shape the
-    Slurm job (``--slurm``, ``--partition``, …) are added to that cell's."""
+    Slurm or Ray job (``--slurm``, ``--partition``, …, ``--ray``) are added to that cell's."""
     try:
         words = shlex.split(line)
     except ValueError as exc:
@@ -118,5 +118,5 @@ def _only_slurm_job_options(words: list[str]) -> bool:
         flag = words[i].split("=", 1)[0]
         if flag not in _SLURM_JOB_FLAGS:
             return False
-        i += 1 if (flag == "--slurm" or "=" in words[i]) else 2
+        i += 1 if (flag in ("--slurm", "--ray") or "=" in words[i]) else 2
     return bool(words)

@@ -11,7 +11,7 @@ BACKENDS = ("auto", "gloo", "nccl", "mpi")
 START_METHODS = ("forkserver", "spawn")
 OUTPUTS = ("auto", "widgets", "text")
 SAME_LINES = ("merge", "apart")   # identical lines of several ranks: once ([ranks 0–3]:) or per rank
-LAUNCHERS = ("local", "torchrun", "slurm")
+LAUNCHERS = ("local", "torchrun", "slurm", "ray")
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ class LaunchSpec:
     account: str | None = None
     time_limit: str | None = None
     sbatch: tuple[str, ...] = ()
+    ray_address: str | None = None    # --launcher ray: the cluster (else RAY_ADDRESS, else a local Ray)
+    ray: bool = False                 # --export / %ddp_export also write SCRIPT_ray.py, a Ray job
     pdb: bool = False                 # a failing rank opens the debugger in the notebook (post-mortem)
     max_ranks: int | None = None      # past the machine's bound (nbddp/core/capacity.py), explicitly
     exit_grace: float = 300.0         # s a rank whose cell finished may take to exit (nbddp/sources/supervisor.py)

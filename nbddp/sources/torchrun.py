@@ -101,15 +101,7 @@ class ElasticLaunch(Source):
         for rank, local, node in self.expected_ranks():
             self.ranks.get(rank, local, node)
         env = envvars.inherited(self.base_env, spec)  # not the hub's token, unless --env gives it
-        env.update(dict(self.placement.env))
-        env.update(dict(spec.env))
-        env[PREFIX_VAR] = PREFIX_TEMPLATE
-        env[settings.ELASTIC_DIR] = self.status_dir  # read by nbddp/rank/torchrun_rank.py
-        env[settings.ELASTIC_CELL_LABEL] = self.cell_label
-        env[settings.ELASTIC_SOURCE] = log_copy  # what the ranks run, on every start (nbddp/rank/cellsource.py)
-        flag = legacy_flag(spec)
-        if flag is not None:
-            env[settings.ELASTIC_LEGACY_FLAG] = flag
+        env.update(self.launch_env())
         cmd = self.command(cell_path)
         write_private(os.path.join(log_dir, "torchrun-command.txt"), shlex.join(cmd) + "\n")  # for the user
         self.emit("launch_started", self.result, spec, self.placement.backend)
@@ -117,6 +109,20 @@ class ElasticLaunch(Source):
             self.note(self.placement.note)
         self.agent = AgentProcess(log_dir, self._on_output, self.note)
         self.agent.start(cmd, self.cwd, env)
+
+    def launch_env(self) -> dict[str, str]:
+        """What this launch adds to the environment torchrun inherits: the placement, ``--env``,
+        and what nbddp's rank entry reads (its status folder, the cell's copy and label)."""
+        env = dict(self.placement.env)
+        env.update(dict(self.spec.env))
+        env[PREFIX_VAR] = PREFIX_TEMPLATE
+        env[settings.ELASTIC_DIR] = self.status_dir  # read by nbddp/rank/torchrun_rank.py
+        env[settings.ELASTIC_CELL_LABEL] = self.cell_label
+        env[settings.ELASTIC_SOURCE] = RankFiles(self.result.log_dir).cell_copy  # what the ranks run, on every start
+        flag = legacy_flag(self.spec)
+        if flag is not None:
+            env[settings.ELASTIC_LEGACY_FLAG] = flag
+        return env
 
     def note(self, text: str) -> None:
         """A note for the user; not the idle warning ("a hung collective?") once a rank of this

@@ -273,7 +273,7 @@ def test_the_api_raises_a_value_error_before_anything_starts(call, words):
 def test_one_table_of_sources():
     from nbddp import api
 
-    assert set(api.SOURCES) == {"local", "pool", "torchrun", "slurm"}
+    assert set(api.SOURCES) == {"local", "pool", "torchrun", "slurm", "ray"}
 
 
 def test_only_the_magic_raises_ipythons_usage_error():

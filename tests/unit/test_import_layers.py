@@ -4,8 +4,9 @@ those inside functions and under TYPE_CHECKING too), so a loop hidden in a funct
 
 The layers, from the ground up (the path says which process a module runs in,
 docs/explanation/architecture.md): core/ and datasets/ (anywhere), rank/ (inside a rank),
-kernel/ and views/ (the kernel), forkserver/ (the kernel and the forkserver), sources/ (the
-kernel), then export.py, api.py, magic.py and __init__.py (the extension)."""
+kernel/ and views/ (the kernel), forkserver/ (the kernel and the forkserver), raynode/ (the Ray
+driver and actors of --launcher ray), sources/ (the kernel), then export.py, api.py, magic.py and
+__init__.py (the extension)."""
 from __future__ import annotations
 
 import ast
@@ -23,7 +24,8 @@ MAY_IMPORT = {
     "kernel": {"core", "rank"},
     "views": {"core", "kernel"},
     "forkserver": {"core", "rank", "kernel"},
-    "sources": {"core", "rank", "kernel", "views", "forkserver"},
+    "raynode": {"core"},
+    "sources": {"core", "rank", "kernel", "views", "forkserver", "raynode"},
 }
 
 

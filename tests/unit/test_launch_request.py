@@ -54,7 +54,7 @@ def test_one_launch_request_every_source_takes():
     from nbddp.core.launch import Launch
 
     assert dataclasses.is_dataclass(Launch) and Launch.__dataclass_params__.frozen
-    assert set(api.SOURCES) == {"local", "pool", "torchrun", "slurm"}
+    assert set(api.SOURCES) == {"local", "pool", "torchrun", "slurm", "ray"}
     for name, entry in api.SOURCES.items():  # {name: module.run}, one table
         module = importlib.import_module(f"nbddp.sources.{name}")
         assert entry is module.run, name
