@@ -90,6 +90,7 @@ class TorchrunRanks:
     def scan(self, stop, sent) -> None:
         """Read the status files: a rank started (or restarted by torchrun), a rank ended.
         ``stop`` and ``sent``: what nbddp did to the launch (its exit state depends on them)."""
+        found = []
         for path in glob.glob(RankFiles(self.status_dir).status_glob):
             try:  # never through a link, never blocking on a FIFO; only a regular file
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -101,6 +102,11 @@ class TorchrunRanks:
                     continue
             except (OSError, ValueError):
                 continue
+            found.append(status)
+        # the ends in the order they happened: a rank torchrun stopped after another failed is
+        # settled after that failure, whichever file the folder lists first
+        found.sort(key=lambda st: ("exitcode" in st, _when(st.get("ended_at"))))
+        for status in found:
             r = status["rank"]
             old = self.seen.get(r)
             if old == status:
@@ -155,3 +161,7 @@ class TorchrunRanks:
             else:
                 self.end(res, 0, stop, sent)
 
+
+def _when(value: object) -> float:
+    """A status file's ``ended_at`` as a number to sort by (a file that lacks it sorts first)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0

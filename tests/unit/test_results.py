@@ -1,8 +1,10 @@
 """What a launch's result says: the one rank-range phrase, the summary lines, the exit-state
 rules every source shares (and torchrun's own), a torchrun launch's ranks read from real status
 files, and DDPError/DDPTimeout's text. Pure: no kernel, no processes."""
+import glob
 import json
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +219,26 @@ def test_a_rank_torchrun_stopped_after_a_peer_was_killed_is_not_called_killed_fr
     assert [(r.state, r.cause) for r in res.ranks] == [
         (RankState.TERMINATED, "stopped by torchrun after another rank failed"),
         (RankState.KILLED, "killed by SIGKILL (from outside nbddp, or out of memory)")]
+
+
+def test_ends_read_in_one_scan_are_settled_in_the_order_they_happened(tmp_path):
+    """Rank 1 failed, then torchrun stopped rank 0 (SIGTERM): both status files may be new in the
+    same scan, and the folder may list rank 0's first. Rank 0 is still torchrun's fail-fast, not
+    "terminated by SIGTERM from outside nbddp" (seen once in CI)."""
+    res = RunResult(ranks=[], world_size=2, log_dir=str(tmp_path))
+    ranks = TorchrunRanks(res, str(tmp_path), 2, lambda *a: None, lambda _: None)
+    for r in (0, 1):
+        ranks.get(r, r, 0)
+    bad = {"type": "ValueError", "message": "bad shard", "traceback": "", "cell_line": 4}
+    stopped = dict(rank=0, local_rank=0, node_rank=0, pid=200, restart=0, started_at=1.0, exitcode=-15, ended_at=5.2)
+    failed = dict(rank=1, local_rank=1, node_rank=0, pid=201, restart=0, started_at=1.0, exitcode=1, ended_at=5.1,
+                  exception=bad)
+    (tmp_path / "rank0.json").write_text("{}")
+    (tmp_path / "rank1.json").write_text("{}")
+    first, second = glob.glob(str(tmp_path / "rank*.json"))  # the order a scan lists them in
+    Path(first).write_text(json.dumps(stopped))  # the later end listed first: the case that went wrong
+    Path(second).write_text(json.dumps(failed))
+    ranks.scan(None, set())
+    assert [(r.state, r.cause) for r in res.ranks] == [
+        (RankState.TERMINATED, "stopped by torchrun after another rank failed"),
+        (RankState.FAILED, "ValueError: bad shard at cell line 4")]
