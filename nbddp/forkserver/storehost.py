@@ -252,12 +252,24 @@ def _running():
     if not _exit_hooked:
         _exit_hooked.append(True)
         atexit.register(_at_exit)  # registered after multiprocess's own hook, so it runs first
-    forkguard.hold(conn.fileno())  # a child the kernel forks must not keep the host alive
-    forkguard.on_child(_host.clear)
+    forkguard.on_child(_forget_in_child)  # a child the kernel forks must not keep the host alive
     return conn
 
 
 _exit_hooked: list = []
+
+
+def _forget_in_child() -> None:
+    """In a child the kernel forked (forkguard): close its copy of the host's pipe through the
+    Connection, so the object, dropped here, does not close the descriptor again when collected
+    (that printed "Exception ignored … Bad file descriptor" into torchrun's output)."""
+    conn = _host.get("conn")
+    if conn is not None:
+        try:
+            conn.close()
+        except OSError:
+            pass
+    _host.clear()
 
 
 def _at_exit() -> None:

@@ -67,3 +67,14 @@ def test_a_plain_script_using_nbddp_run_ends_with_its_last_line(tmp_path):
     while time.monotonic() < deadline and alive():
         time.sleep(0.2)
     assert not alive(), f"the store host (pid {host}) outlived its script"
+
+
+def test_a_child_the_kernel_forks_says_nothing_of_the_store_hosts_pipe(fresh_kernel):
+    """torchrun's agent is started with a pre-exec function, so the kernel's at-fork hooks run in
+    it: the store host's pipe is closed there through its Connection, and nothing is printed into
+    the cell's output (it said "Exception ignored … Bad file descriptor" under the light kernel)."""
+    k = fresh_kernel
+    k.ok("%%ddp -n 1 --timeout 60\npass")  # the store host is running
+    reply = k.ok("%%ddp --launcher torchrun -n 2 --timeout 120\nimport os\nprint('rank', os.environ['RANK'])")
+    assert "rank 1" in reply.stdout, reply.text
+    assert "Exception ignored" not in reply.text and "Bad file descriptor" not in reply.text, reply.text
