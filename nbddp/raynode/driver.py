@@ -60,8 +60,7 @@ def run(cfg: dict) -> int:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
                      runtime_env=env)  # "auto": a Ray job's own cluster
         else:
-            ray.init(address="local", num_cpus=cfg["local_cpus"], include_dashboard=False,
-                     log_to_driver=False, logging_level=logging.WARNING)
+            _start_local_ray(ray, cfg["local_cpus"])
     except Exception as exc:
         say(f"cannot connect to the Ray cluster at {address or 'a new local Ray'}: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -180,3 +179,20 @@ def _host(ip: str) -> str:
 def _res(resources: dict) -> str:
     return ",".join(f"{k}={v:g}" for k, v in sorted(resources.items()) if k in ("CPU", "GPU"))
 
+
+LOCAL_TRIES = 2  # Ray gives a new node's raylet 30 s to register, fixed; a loaded machine can miss it once
+
+
+def _start_local_ray(ray, cpus: int) -> None:
+    """A local Ray for this cell: tried again once where Ray's own start timed out (its raylet
+    did not register in Ray's fixed 30 s, as happens on a busy 2-core machine), saying so."""
+    for attempt in range(1, LOCAL_TRIES + 1):
+        try:
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                     log_to_driver=False, logging_level=logging.WARNING)
+            return
+        except Exception as exc:
+            if attempt == LOCAL_TRIES or "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()  # what the first try started
+            say("the local Ray did not start within Ray's 30 s (a busy machine?); trying once more")
