@@ -9,11 +9,11 @@ sent → kernel idle), the same all_reduce cell:
   TorchTrainer    Ray Train's TorchTrainer (N workers, no GPU) on the one-node Ray A, from this
                   process: a train function doing the cell's body (one all_reduce of ones) after
                   Ray Train's own process-group setup, timed from ``fit()`` called to returned.
-                  Where it fails, its row is the error.
 
     .venv/bin/python benchmarks/ray_launcher.py [--ranks 2] [--repeats 3]
 
-Median (min–max) of the repeats, interleaved, after one warm-up of each.
+Median (min–max) of the repeats, interleaved, after one warm-up of each; a run that fails is
+not timed, and its row says how many failed and the first one's error.
 """
 from __future__ import annotations
 
@@ -100,23 +100,20 @@ def main() -> None:
     cases: dict[str, Callable[[], float]] = {
         name: (lambda code=code: timed(kernel, code)) for name, code in cells.items()}
     storage = tempfile.mkdtemp(prefix="nbddp-raytrain-")
-    errors: dict[str, str] = {}
+    errors: dict[str, list[str]] = {name: [] for name in [*cells, "TorchTrainer"]}
     try:
         cases["TorchTrainer"] = trainer_run(one.address, n, storage)
     except Exception as exc:  # ray[train] missing, or Ray refused the driver: the row says which
-        errors["TorchTrainer"] = f"{type(exc).__name__}: {exc}"
-    times: dict[str, list[float]] = {name: [] for name in cases}
+        errors["TorchTrainer"].append(f"{type(exc).__name__}: {exc}")
+    times: dict[str, list[float]] = {name: [] for name in errors}
+    load_before = os.getloadavg()[0]
     try:
         for round_ in range(args.repeats + 1):  # round 0: the warm-up
             for name, case in cases.items():
-                if name in errors:
-                    continue
                 try:
                     took = case()
-                except Exception as exc:
-                    if name != "TorchTrainer":
-                        raise
-                    errors[name] = f"{type(exc).__name__}: {exc}"
+                except Exception as exc:  # a failed run is counted and said, never timed
+                    errors[name].append(f"{type(exc).__name__}: {exc}")
                     continue
                 if round_:
                     times[name].append(took)
@@ -128,14 +125,14 @@ def main() -> None:
         one.shutdown()
         two.shutdown()
         shutil.rmtree(storage, ignore_errors=True)
-    print(f"{n} ranks, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; seconds per cell, "
-          f"median (min–max) of {args.repeats}:")
-    for name in [*cells, "TorchTrainer"]:
-        got = times.get(name, [])
-        if name in errors:
-            print(f"  {name:<12} failed: {errors[name]}")
-        else:
-            print(f"  {name:<12} {statistics.median(got):6.1f} ({min(got):.1f}–{max(got):.1f})")
+    print(f"{n} ranks, {os.cpu_count()} cores, load {load_before:.1f} at the start and "
+          f"{os.getloadavg()[0]:.1f} at the end; seconds per cell, median (min–max) of {args.repeats}:")
+    for name, got in times.items():
+        row = f"{statistics.median(got):6.1f} ({min(got):.1f}–{max(got):.1f})" if got else "   -  "
+        if errors[name]:
+            row += f"; {len(errors[name])} of {args.repeats + 1} runs (warm-up too) failed, the first: "
+            row += errors[name][0]
+        print(f"  {name:<12} {row}")
 
 
 if __name__ == "__main__":
