@@ -178,18 +178,10 @@ if attempt == 0 and os.environ["RANK"] == "1":
 
 def test_interrupt_stops_torchrun_and_its_ranks(fresh_kernel):
     k = fresh_kernel
-    msg_id = k.kc.execute("%%ddp --launcher torchrun -n 2\nimport os, time\nprint('PID', os.getpid(), flush=True)\n"
-                          "time.sleep(120)\n")
-    sent = []
-
-    def on_output(reply):
-        if reply.stdout.count("PID ") == 2 and not sent:
-            sent.append(time.monotonic())
-            k.km.interrupt_kernel()
-
-    reply = k.collect(msg_id, timeout=120, on_output=on_output)
-    assert sent, reply.text
-    took = time.monotonic() - sent[0]
+    reply, pressed = k.interrupted_when("%%ddp --launcher torchrun -n 2\nimport os, time\n"
+                                        "print('PID', os.getpid(), flush=True)\ntime.sleep(120)\n",
+                                        lambda r: r.stdout.count("PID ") == 2, timeout=120)
+    took = time.monotonic() - pressed
     pids = [int(line.split()[-1]) for line in reply.stdout.splitlines() if "PID " in line]
     assert reply.error and reply.error["ename"] == "KeyboardInterrupt", reply.text
     assert not alive(pids), "a rank outlived the interrupt"

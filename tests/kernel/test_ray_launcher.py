@@ -147,22 +147,15 @@ def test_timeout_shows_each_ranks_stack_and_stops_every_node(cluster, kernel):
 
 
 def test_interrupt_stops_every_node(cluster, kernel):
-    msg_id = kernel.kc.execute(f"%%ddp --launcher ray --ray-address {cluster.address} --nnodes 2 --nproc-per-node 1\n"
-                               "import os, time\nprint('PID', os.getpid(), flush=True)\ntry:\n    time.sleep(300)\n"
-                               "except KeyboardInterrupt:\n    print('saved', flush=True)\n    raise\n")
-    sent = []
-
-    def on_output(reply):
-        if reply.stdout.count("PID ") == 2 and not sent:
-            sent.append(time.monotonic())
-            kernel.km.interrupt_kernel()
-
-    reply = kernel.collect(msg_id, timeout=240, on_output=on_output)
-    assert sent, reply.text
+    reply, pressed = kernel.interrupted_when(
+        f"%%ddp --launcher ray --ray-address {cluster.address} --nnodes 2 --nproc-per-node 1\n"
+        "import os, time\nprint('PID', os.getpid(), flush=True)\ntry:\n    time.sleep(300)\n"
+        "except KeyboardInterrupt:\n    print('saved', flush=True)\n    raise\n",
+        lambda r: r.stdout.count("PID ") == 2, timeout=240)
     assert reply.error and reply.error["ename"] == "KeyboardInterrupt", reply.text
     for rank in range(2):  # SIGINT reached both nodes' ranks: the cell's own handler ran
         assert f"[rank{rank}]:saved" in reply.stdout, reply.text
-    assert time.monotonic() - sent[0] < 30
+    assert time.monotonic() - pressed < 30
     assert_nothing_left(kernel)
 
 
