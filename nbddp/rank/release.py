@@ -26,7 +26,7 @@ class Released(KeyboardInterrupt, NbddpError):
 def release() -> int:
     """Shut down this process's TCP connections to local addresses; how many were shut."""
     _released.append(True)  # first: the main thread raises the moment a connection is shut
-    shut = 0
+    shut, own = 0, _own_addresses()  # resolved once, not per socket
     for fd in _socket_fds():
         try:
             sock = socket.socket(fileno=os.dup(fd))
@@ -34,7 +34,7 @@ def release() -> int:
             continue
         try:
             if sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6) \
-                    and _local(sock.getpeername()[0]):
+                    and _local(sock.getpeername()[0], own):
                 sock.shutdown(socket.SHUT_RDWR)  # the listener is not connected: getpeername fails
                 shut += 1
         except OSError:
@@ -95,7 +95,7 @@ def _socket_fds() -> list[int]:
     return fds
 
 
-def _local(address: str) -> bool:
+def _local(address: str, own: set[str]) -> bool:
     """Loopback, or one of this machine's own addresses (a pool's ranks all run here)."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
@@ -103,7 +103,7 @@ def _local(address: str) -> bool:
         return False
     if ip.is_loopback:
         return True
-    return address in _own_addresses()
+    return address in own
 
 
 def _own_addresses() -> set[str]:
