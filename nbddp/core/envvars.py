@@ -37,12 +37,18 @@ LAUNCHER_OWNED = {
 # node) do not get it unless the cell names it with --env.
 HUB_TOKENS = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN")
 
+# ``ray.init()`` in the kernel sets PYTHONBREAKPOINT to Ray's driver hook, which works only in
+# that driver: a rank inheriting it fails at ``breakpoint()`` with an AttributeError from inside
+# Ray. Ranks do not get that one value; any other PYTHONBREAKPOINT (0, ipdb...) is the user's.
+RAY_DRIVER_BREAKPOINT = "ray.util.rpdb._driver_set_trace"
+
 
 def inherited(base: Mapping[str, str], spec: LaunchSpec) -> dict[str, str]:
     """What a launch's processes inherit of ``base``: all of it but the hub's tokens, unless
-    ``--env`` gives one explicitly."""
+    ``--env`` gives one explicitly, and Ray's driver-only breakpoint hook."""
     asked = {key for key, _ in spec.env}
-    return {k: v for k, v in base.items() if k not in HUB_TOKENS or k in asked}
+    return {k: v for k, v in base.items() if (k not in HUB_TOKENS or k in asked)
+            and not (k == "PYTHONBREAKPOINT" and v == RAY_DRIVER_BREAKPOINT)}
 
 
 def launcher_env(spec: LaunchSpec, rank: int, *, master_port: int, run_id: str,

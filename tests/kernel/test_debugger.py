@@ -167,3 +167,17 @@ def test_torchrun_ranks_say_the_debugger_needs_nbddps_own(kernel):
     text = "\n".join(reply.error["traceback"]) + reply.text
     assert "the debugger reaches the notebook from nbddp's own ranks only" in text, text
     assert not reply.prompts
+
+
+def test_a_kernel_that_ran_ray_init_still_debugs_its_ranks(kernel):
+    """``ray.init()`` in a notebook sets PYTHONBREAKPOINT to Ray's driver-only hook (its
+    worker.py); ranks inheriting it failed at ``breakpoint()`` inside Ray. Set here as Ray sets it,
+    without starting a Ray."""
+    kernel.ok("import os\nos.environ['PYTHONBREAKPOINT'] = 'ray.util.rpdb._driver_set_trace'")
+    try:
+        reply = kernel.converse(BREAK_ON_RANK_1, scripted("p x", "c"), timeout=120)
+        assert reply.status == "ok", reply.text + str(reply.error)
+        assert reply.prompts[:1] == ["(Pdb rank 1) "], reply.prompts
+        assert "[rank1]:10" in reply.text and "rank 1 done" in reply.text, reply.text
+    finally:
+        kernel.ok("del os.environ['PYTHONBREAKPOINT']")

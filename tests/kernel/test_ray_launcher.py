@@ -37,6 +37,7 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    environ = dict(os.environ)  # ray.init sets PYTHONBREAKPOINT here; later tests' kernels must not inherit it
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     c.add_node(num_cpus=2)
     c.wait_for_nodes()
@@ -46,6 +47,8 @@ def cluster():
     yield c
     ray.shutdown()
     c.shutdown()
+    os.environ.clear()
+    os.environ.update(environ)
     assert wait_until(lambda: not [pid for pid in started if psutil.pid_exists(pid)
                                    and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], 30), \
         "a Ray process of the test cluster outlived it"
