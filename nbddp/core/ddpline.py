@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-method", dest="start_method", choices=START_METHODS, default="forkserver",
                    help="forkserver with torch preloaded (fast, default) or spawn (a fresh interpreter per rank)")
     p.add_argument("--ranks", dest="ranks_shown", type=values.int_list("--ranks"), default=None,
-                   help="show only these ranks' output, e.g. 0 or 0,2 (all ranks still run)")
+                   help="show only these ranks' output, e.g. 0 or 0,2 (all ranks still run; with --fake: "
+                        "the ranks that run, each in its own process, default 0)")
     p.add_argument("--output", choices=OUTPUTS, default="auto",
                    help="auto: live widgets where a widget front end is connected, else text")
     p.add_argument("--same-lines", dest="same_lines", choices=SAME_LINES, default=None,
@@ -99,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=None, help="seconds to wait for every node to join (torchrun's rdzv join_timeout; "
                                       "with --launcher ray also for Ray to place every node's bundle)")
     p.add_argument("--gpus", type=values.int_list("--gpus"), default=None, help="CUDA devices to use, e.g. 0,1,3")
+    p.add_argument("--fake", action="store_true",
+                   help="plan the job at its real size: only rank 0 (or --ranks) of the -n world runs, on "
+                        "torch's fake process-group backend (collectives move no data), and each shown rank "
+                        "reports the parameter, gradient and optimizer bytes it holds and the collectives of "
+                        "a step; build big models on the meta device")
     p.add_argument("--fresh", action="store_true", help="run a fresh job even while a pool runs")
     p.add_argument("--push", type=values.names, default=(), help="notebook names to send into every worker")
     p.add_argument("--pull", type=values.names, default=(), help="worker names to gather back (name or name@rank)")
@@ -156,7 +162,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
                      rdzv_timeout=ns.rdzv_timeout,
                      gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, export=ns.export,
                      slurm=ns.slurm, partition=ns.partition, account=ns.account, time_limit=ns.time_limit,
-                     sbatch=ns.sbatch, pdb=ns.pdb, max_ranks=ns.max_ranks,
+                     sbatch=ns.sbatch, pdb=ns.pdb, max_ranks=ns.max_ranks, fake=ns.fake,
                      ray_address=ns.ray_address, ray=ns.ray)
 
 

@@ -40,6 +40,7 @@ class RankJob:
     func: dict[str, Any] | None = None  # a packed callable to run instead of cell.source (nbddp/sources/local.py)
     pool: bool = False          # serve cell after cell (nbddp/sources/pool.py) instead of one
     forget: list[str] = field(default_factory=list)  # preloaded modules edited since: re-import
+    fake: bool = False          # --fake: torch's fake backend, the rank's report after its cell
 
 
 def dumps(job: RankJob) -> bytes:

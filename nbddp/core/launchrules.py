@@ -141,6 +141,12 @@ def _check_capacity(spec: LaunchSpec) -> None:
     the local launcher runs every rank here, torchrun this node's, Slurm none."""
     if spec.launcher in ("slurm", "ray"):  # the cluster's nodes run the ranks
         here, machine = spec.world_size, None
+    elif spec.fake:  # only the ranks it names run: the world is as large as asked
+        here, machine = len(spec.ranks_run), capacity.machine()
+        why = capacity.refusal(here, here, spec.max_ranks, machine, what="--fake --ranks:")
+        if why:
+            raise DDPUsageError(f"%%ddp: {why}")
+        return
     else:
         here = spec.world_size if spec.launcher == "local" else spec.nproc_per_node
         machine = capacity.machine()
@@ -151,6 +157,8 @@ def _check_capacity(spec: LaunchSpec) -> None:
 
 def _check(spec: LaunchSpec) -> None:
     values.check_types(spec)
+    if spec.fake:
+        check_fake(spec)
     _check_capacity(spec)
     if spec.backend not in BACKENDS:
         raise DDPUsageError(f"%%ddp: --backend must be one of {', '.join(BACKENDS)}, got {values.shown(spec.backend)}")
@@ -237,6 +245,20 @@ def _check(spec: LaunchSpec) -> None:
         check_host(match.group(1), "%%ddp: --rdzv-endpoint")
 
 
+def check_fake(spec: LaunchSpec) -> None:
+    """``--fake``: rank 0 (or ``--ranks``) of the world, each in a process of nbddp's own on
+    torch's fake backend; what needs every rank, or a real network, does not fit."""
+    if spec.launcher != "local":
+        raise DDPUsageError(f"%%ddp: --fake runs chosen ranks of the world here, on torch's fake backend; "
+                            f"--launcher {spec.launcher} starts every rank for real: drop one of them")
+    if spec.backend in ("nccl", "mpi"):
+        raise DDPUsageError(f"%%ddp: --fake puts every process group on torch's fake backend, so --backend "
+                            f"{spec.backend} cannot apply: drop --backend (the cell's own "
+                            "init_process_group(\"nccl\") is redirected too)")
+    if spec.ranks_shown is not None and len(set(spec.ranks_shown)) != len(spec.ranks_shown):
+        raise DDPUsageError("%%ddp: --fake --ranks names a rank twice")
+
+
 _NO_VALUES_ACROSS = ("%%ddp: --push/--pull move values between the notebook and the local launcher's "
                      "ranks; with --launcher {launcher}, save and load files instead")
 
@@ -302,6 +324,8 @@ def choose_source(spec: LaunchSpec, *, pool: LaunchSpec | None = None, pool_read
     if args and not func:
         raise DDPUsageError("%%ddp: args and kwargs are for a callable; a cell's source text takes "
                             "script arguments (script_args=[...], or after -- on the %%ddp line)")
+    if spec.fake:
+        return "local"  # a fake world is its own, never the pool's ranks
     if spec.launcher != "local":
         if func:
             raise DDPUsageError(f"%%ddp: --launcher {spec.launcher} runs the cell as a script: give its "
@@ -348,6 +372,9 @@ def check_fits_pool(spec: LaunchSpec, pool: LaunchSpec) -> None:
 
 def check_pool_spec(spec: LaunchSpec) -> None:
     """A pool is nbddp's own ranks, kept between cells: the local launcher only."""
+    if spec.fake:
+        raise DDPUsageError("%ddp_pool: --fake runs a cell as chosen ranks of a fake world, once; a pool "
+                            "keeps real ranks between cells: run such cells with %%ddp --fake")
     if spec.launcher != "local":
         raise DDPUsageError(f"%ddp_pool: a pool runs on the local launcher only, not --launcher "
                             f"{spec.launcher} (whose ranks end with each cell: run such cells with "

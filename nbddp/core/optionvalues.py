@@ -184,6 +184,7 @@ _TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "partition": _OPT_STR, "account": _OPT_STR, "time_limit": _OPT_STR,
     "sbatch": (texts, "#SBATCH options"), "pdb": _BOOL, "max_ranks": _OPT_INT,
     "exit_grace": (is_seconds, "a number of seconds"), "ray_address": _OPT_STR, "ray": _BOOL,
+    "fake": _BOOL,
 }
 assert set(_TYPES) == set(LaunchSpec.__dataclass_fields__)
 MAX_SECONDS = 365 * 24 * 3600.0  # any longer is a typo (and past what some waits accept)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbddp.core.diagnosis import TIMEOUT_NOTE, final_notes, is_hang_note
 from nbddp.core.errors import NbddpError
+from nbddp.core.fakereport import fake_line
 from nbddp.core.rankfiles import RankFiles
 from nbddp.core.states import RankState
 from nbddp.core.summary import label, state_lines, wrapped
@@ -54,6 +55,7 @@ class RankResult:
     stack: str | None = None
     blocked_at: str | None = None
     hint: str | None = None
+    fake: dict[str, Any] | None = None  # --fake: what the rank holds and sends (nbddp/core/fakereport.py)
 
     @property
     def ok(self) -> bool:
@@ -119,6 +121,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     displayed: list[int] = field(default_factory=list)  # ranks whose output a view showed
     script: str | None = None  # the ranks' __file__ and sys.argv[0] (beside the notebook while it ran)
+    fake: bool = False         # --fake: only ``ranks`` ran, of a world on torch's fake backend
 
     @property
     def cell_file(self) -> str:
@@ -166,6 +169,8 @@ class RunResult:
         """A few lines naming each failed rank and its cause, then what happened to the rest,
         then nbddp's notes (``hang_notes=False``: without the idle warning and timeout report)."""
         if self.ok:
+            if self.fake:
+                return fake_line([r.rank for r in self.ranks], self.world_size, self.elapsed)
             if self.remote:
                 return (f"all {len(self.ranks)} ranks on this node (of {self.world_size} in the job) "
                         f"finished ok in {self.elapsed:.2f} s")
@@ -276,6 +281,6 @@ def launch_result(spec: LaunchSpec, log_dir: str, *, with_ranks: bool = True, ma
     files = RankFiles(log_dir)
     ranks = [RankResult(rank=r, local_rank=spec.local_rank_of(r), node_rank=spec.node_of(r),
                         stdout_path=files.stdout(r), stderr_path=files.stderr(r))
-             for r in range(spec.world_size)] if with_ranks else []
+             for r in spec.ranks_run] if with_ranks else []
     return RunResult(ranks=ranks, world_size=spec.world_size, log_dir=log_dir, master_port=master_port,
-                     started_at=time.time(), script=script)
+                     started_at=time.time(), script=script, fake=spec.fake)

@@ -55,6 +55,14 @@ class LaunchSpec:
     pdb: bool = False                 # a failing rank opens the debugger in the notebook (post-mortem)
     max_ranks: int | None = None      # past the machine's bound (nbddp/core/capacity.py), explicitly
     exit_grace: float = 300.0         # s a rank whose cell finished may take to exit (nbddp/sources/supervisor.py)
+    fake: bool = False                # only ranks_shown (default rank 0) run, on torch's fake backend
+
+    @property
+    def ranks_run(self) -> tuple[int, ...]:
+        """The ranks this launch starts here: every rank, or with ``fake`` only those shown."""
+        if self.fake:
+            return self.ranks_shown or (0,)
+        return tuple(range(self.world_size))
 
     @property
     def world_size(self) -> int:
@@ -67,4 +75,6 @@ class LaunchSpec:
         return rank % self.nproc_per_node
 
     def shown(self, rank: int) -> bool:
+        if self.fake:
+            return rank in self.ranks_run
         return self.ranks_shown is None or rank in self.ranks_shown

@@ -21,7 +21,7 @@ from typing import Any
 from nbddp.core import exitstates, job as rankjob, messages as msg, settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.job import Cell, RankJob
-from nbddp.rank import asking, netrecord, pushed, release, stackwatch, teardown, user_rendezvous
+from nbddp.rank import asking, fakeworld, netrecord, pushed, release, stackwatch, teardown, user_rendezvous
 from nbddp.rank.procname import set_name
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
@@ -243,6 +243,8 @@ def _run(job: RankJob, ctl) -> int:
     cell = job.cell
     main = _new_main(cell.path)
     try:
+        if job.fake:
+            fakeworld.install()
         if job.func is not None:
             import dill
 
@@ -253,6 +255,8 @@ def _run(job: RankJob, ctl) -> int:
             _send_value(ctl, func(*args, **kwargs))
         else:
             _exec_source(cell, main, ctl)
+        if job.fake:
+            _send(ctl, (msg.FAKE, fakeworld.report(main.__dict__)))
         return 0
     except SystemExit as exc:
         return _exit_code(exc, ctl, cell.path)

@@ -46,7 +46,7 @@ class ForkRanks(Source):
         self.use_spares = spares.usable(spec, pool_mode=False)
         # before any line is shown; spares (ready, or being forked now) counted at their most:
         # RankProcs.start checks again with those it really takes
-        descriptors.fit(spec.world_size, spares.limit() if self.use_spares else 0)
+        descriptors.fit(len(spec.ranks_run), spares.limit() if self.use_spares else 0)
         failed = write_private(self.log_copy, self.source_text if self.source_text is not None else
                                f"# nbddp ran the function {self.func['name']}\n")
         plan = self.plan

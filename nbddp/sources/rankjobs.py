@@ -14,9 +14,9 @@ from nbddp.forkserver import preload
 
 def rank_jobs(spec, files: RankFiles, cell: Cell, *, master_port: int, cwd: str, base_env: dict,
               plan: Placement, func: dict | None = None, pool: bool = False) -> list[RankJob]:
-    """One RankJob for each rank of ``spec``: its torchrun environment (one run id and one GPU
-    placement, ``plan``, for the launch), argv as torchrun would give the script, its files in
-    ``files``."""
+    """One RankJob for each rank ``spec`` runs here (all; with --fake those it names): its torchrun
+    environment (one run id and one GPU placement, ``plan``, for the launch), argv as torchrun
+    would give the script, its files in ``files``."""
     run_id = str(uuid.uuid4())
     forget = preload.stale()  # preloaded user modules edited since: the ranks re-import them
     sys_path = list(sys.path)
@@ -27,5 +27,5 @@ def rank_jobs(spec, files: RankFiles, cell: Cell, *, master_port: int, cwd: str,
                     cwd=cwd, sys_path=sys_path,
                     argv=[cell.path] + legacy_argv(spec, r) + list(spec.script_args),
                     stack_path=files.stacks(r), sigint_path=files.sigint(r), backend=plan.backend,
-                    cell=cell, func=func, pool=pool, forget=forget)
-            for r in range(spec.world_size)]
+                    cell=cell, func=func, pool=pool, forget=forget, fake=spec.fake)
+            for r in spec.ranks_run]

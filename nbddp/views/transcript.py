@@ -236,13 +236,20 @@ def launch_line(result, spec, backend: str, times: str = "×") -> str:
         where = "Slurm: srun + torchrun per node, c10d rendezvous on the first node"
     else:
         where = f"MASTER_PORT {result.master_port}"
+    if spec.fake:
+        ran = ",".join(map(str, spec.ranks_run))
+        return (f"rank{'s' if len(spec.ranks_run) > 1 else ''} {ran} of {n} ({shape}) on torch's fake "
+                "backend (the cell's process groups are redirected to it): no other rank runs")
     return f"{n} rank{'s' if n > 1 else ''} ({shape}), backend {backend}, {where}"
 
 
 def headline(result, finished: bool = True) -> str:
     n = result.world_size
     word = f"{n} rank{'s' if n != 1 else ''}"
-    if result.remote:
+    if result.fake:
+        ran = [r.rank for r in result.ranks]
+        word = f"rank{'s' if len(ran) > 1 else ''} {','.join(map(str, ran))} of a {n}-rank fake world"
+    elif result.remote:
         here = len([r for r in result.ranks if r.rank >= 0])
         word += f" ({here} on this node)"
     if not finished:
