@@ -170,3 +170,16 @@ print("rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     assert step(d) == {"all_reduce": (1, params, {512})} and "DDP on meta keeps its first buckets" in text
     rss_kib = int(next(line for line in text.splitlines() if "]:rss " in line).split("rss ")[1])
     assert rss_kib * 1024 < params / 4, f"a rank holding a 4 GiB model on meta used {rss_kib} KiB"
+
+
+def test_a_fake_cell_while_a_pool_runs_is_a_fresh_world_of_its_own(loaded):
+    loaded.ok("%ddp_pool start -n 2 --timeout 60", timeout=120)
+    try:
+        ranks, text = fake_run(loaded, "-n 64 --fake", "import torch.distributed as dist\ndist.init_process_group()\n"
+                                                       "print('world', dist.get_world_size(), dist.get_backend())")
+        assert "[rank0]:world 64 fake" in text and list(ranks) == [0], text
+        pool = loaded.ok("%%ddp --timeout 60\nimport torch.distributed as dist\nprint('pool', dist.is_initialized())",
+                         timeout=60)
+        assert "pool" in pool.stdout and "[rank1]" in pool.stdout, pool.text
+    finally:
+        loaded.ok("%ddp_pool stop", timeout=60)
