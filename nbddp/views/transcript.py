@@ -243,6 +243,13 @@ def launch_line(result, spec, backend: str, times: str = "×") -> str:
     return f"{n} rank{'s' if n > 1 else ''} ({shape}), backend {backend}, {where}"
 
 
+def _elsewhere(result) -> str:
+    """Where the ranks this machine did not run are: other nodes, or (--fake) nowhere."""
+    if result.fake:
+        return "not run (--fake runs only the ranks it names: nothing ran at that scale)"
+    return "on other nodes (their output is shown there)"
+
+
 def headline(result, finished: bool = True) -> str:
     n = result.world_size
     word = f"{n} rank{'s' if n != 1 else ''}"
@@ -362,7 +369,7 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
     for note in ([] if streamed else final_notes(collector.notes)):   # text mode streamed each note
         out.append(summary.wrapped(f"note: {note}"))
     if result.remote:
-        out.append(f"  {summary.label(result.remote)}: on other nodes (their output is shown there)")
+        out.append(f"  {summary.label(result.remote)}: {_elsewhere(result)}")
     out += _silent_lines(collector)
     for ranks, tail in ([] if streamed else _same_sections(collector)):
         name, log = _section_name(collector, ranks, tail)
@@ -476,8 +483,8 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
     for note in () if streamed else final_notes(collector.notes):
         out.append(f'<pre style="{PRE_STYLE};color:{WARN_TEXT}">{html.escape(note)}</pre>')
     if result.remote:
-        out.append(f'<div style="color:{MUTED}">{summary.label(result.remote)}: on other nodes '
-                   f'(their output is shown there)</div>')
+        out.append(f'<div style="color:{MUTED}">{summary.label(result.remote)}: '
+                   f'{html.escape(_elsewhere(result))}</div>')
     failed = {r.rank for r in result.ranks if r.state in CAUSING}
     for line in _silent_lines(collector):
         out.append(f'<div style="color:{MUTED}">{html.escape(line)}</div>')

@@ -89,3 +89,19 @@ def test_the_launch_line_says_nothing_ran_at_that_scale():
     result.ended_at = result.started_at + 1.5
     assert result.summary() == ("ranks 0,37 of a 512-rank fake world finished ok in 1.50 s; nothing ran at "
                                 "that scale: no other rank ran and no collective moved data (torch's fake backend)")
+
+
+def test_the_transcript_says_the_other_ranks_did_not_run():
+    from nbddp.views import transcript
+
+    spec = make_spec(n=512, fake=True)
+    result = launch_result(spec, "/tmp/x")
+    result.ranks[0].state, result.ranks[0].exitcode = "ok", 0
+    collector = transcript.Collector(spec)
+    collector.launch_started(result, spec, "gloo")
+    text, html = transcript.render_text(collector), transcript.render_html(collector)
+    assert "nbddp: rank 0 of a 512-rank fake world" in text and list(collector.tails) == [0]
+    for shown in (text, html):
+        assert "ranks 1–511: not run (--fake runs only the ranks it names: nothing ran at that scale)" in shown
+        assert "other nodes" not in shown
+    assert "rank 0 of 512 (1 node × 512) on torch's fake backend" in transcript.launch_line(result, spec, "gloo")
