@@ -271,6 +271,11 @@ HINTS: list[tuple[re.Pattern[str], str]] = [
      "or end the job that holds it."),
     (re.compile(r"Default process group has not been initialized", re.I),
      "call dist.init_process_group(...) before any collective or get_rank()/get_world_size()."),
+    # DDP(model) checks the count and shapes of the ranks' parameters (_verify_params_across_processes)
+    (re.compile(r"DDP expects same model across all ranks|appears not to match (sizes|strides) of "
+                r"the same param in process 0"),
+     "the ranks built different models (a parameter's count or shape differs): %ddp_diff model on a "
+     "pool, or --diff model on a cell that builds it without DDP, names which tensor differs on which rank."),
     (re.compile(r"Detected mismatch between collectives", re.I),
      "the ranks called different collectives (or with different shapes): the message names each "
      "rank's call; every rank must make the same collective calls in the same order."),

@@ -119,6 +119,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     displayed: list[int] = field(default_factory=list)  # ranks whose output a view showed
     script: str | None = None  # the ranks' __file__ and sys.argv[0] (beside the notebook while it ran)
+    diff: str | None = None    # --diff's report: what differs across the ranks (nbddp/core/rankdiff.py)
 
     @property
     def cell_file(self) -> str:

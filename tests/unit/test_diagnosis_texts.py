@@ -50,7 +50,12 @@ REAL_TEXTS = {
     "peer_closed": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
                    "Connection closed by peer [127.0.0.1]:16027. This is typically caused by a "
                    "remote worker crashing.",
-    "no_stdin": "EOF when reading a line",  # input() under --launcher torchrun (stdin /dev/null)
+    "no_stdin": "EOF when reading a line",
+    # DDP(model) on ranks whose models differ: the count of parameters, or a parameter's shape
+    "ddp_count": "DDP expects same model across all ranks, but Rank 0 has 2 params, while rank 1 has "
+                 "inconsistent 4 params.",
+    "ddp_shape": "[1]: params[0] in this process with sizes [4, 4] appears not to match sizes of the "
+                 "same param in process 0.",  # input() under --launcher torchrun (stdin /dev/null)
     "peer_reset": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read "
                   "error [127.0.0.1]:29837: Connection reset by peer. This is typically caused by "
                   "a remote worker hanging or bugs in the application.",
@@ -85,6 +90,8 @@ EXPECTED = {  # a phrase the hint for each text must contain
     "own_addr": "runs on this machine",
     "own_size": "ranks that never come",
     "no_stdin": "--push NAME",
+    "ddp_count": "%ddp_diff model",
+    "ddp_shape": "--diff model",
 }
 
 
