@@ -100,11 +100,11 @@ def names(text: str) -> tuple[str, ...]:
 
 
 def diff_names(text: str) -> tuple[str, ...]:
-    """What --diff and %ddp_diff compare: notebook names (``model``, ``model.fc``, ``opt``) and
+    """What --diff and %ddp_diff compare: notebook names (``model``, ``model.fc``, ``model.0``, ``opt``) and
     ``rng`` (the ranks' generators), split on commas or spaces."""
     found = tuple(part for part in re.split(r"[\s,]+", text) if part)
     for name in found:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", name):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$", name):
             raise argparse.ArgumentTypeError(f"not a Python name: {shown(name)}")
     if not found:
         raise argparse.ArgumentTypeError("no name given")
