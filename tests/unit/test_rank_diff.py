@@ -106,3 +106,12 @@ def test_the_line_and_the_option():
     pool = make_spec(n=2)
     with pytest.raises(DDPUsageError, match="drop --ranks"):
         choose_source(make_spec(n=2, diff=["model"], ranks_shown=[0]), pool=pool)
+
+
+@pytest.mark.parametrize("line", ["model\0", "a..b", "model;import os", "mod-el", ".", "x.", "é\ud800",
+                                  "model " * 5000 + "-x", "'model'", "1.model"])
+def test_hostile_lines_are_one_usage_line(line):
+    with pytest.raises(DDPUsageError) as caught:
+        parse_diff_line(line, running=True)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("%ddp_diff: ")
+    assert len(str(caught.value)) < 400
