@@ -8,6 +8,7 @@ from nbddp import api
 from nbddp.core import rankdiff
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.launchrules import check_pool_spec, given_or_made
+from nbddp.core.linecommands import parse_diff_line
 from nbddp.core.result import RunResult
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.summary import label
@@ -39,8 +40,9 @@ class Pool(LivePool):
         """Compare ``names`` (modules, optimizers, tensors, dicts/lists of them, ``"rng"``) across
         the ranks by hash; the report names the first entries that differ, on which ranks, with
         the max abs difference. A name some rank lacks: DDPUsageError."""
-        if not names:
+        if not names or not all(isinstance(n, str) for n in names):
             raise DDPUsageError(f"{who}: name what to compare, e.g. {who} model opt rng")
+        names = parse_diff_line(" ".join(names), running=True) or names  # each a name or attribute path
         if not self.ready:
             raise DDPUsageError(f"{who}: the pool is not running cells ({self.why_broken or self.state}); "
                                 "%ddp_pool restart, or --diff NAME on a %%ddp --fresh cell")
