@@ -16,7 +16,7 @@ from nbddp.core.errors import DDPUsageError
 from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
 from nbddp.core.spec import LaunchSpec
-from nbddp.kernel import diffing
+from nbddp.kernel import diffing, tracebacktheme
 from nbddp.sources import local, pool as on_pool, ray, slurm, torchrun
 from nbddp.views import choose
 
@@ -65,7 +65,7 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
     launch = Launch(spec, source=source, func=None if func is None else local.pack_callable(func, args, kwargs),
                     sinks=tuple(sinks), cwd=os.path.abspath(cwd or os.getcwd()),
                     env_base=dict(os.environ if env_base is None else env_base), push=push,
-                    cell_label=cell_label, pool=pool)
+                    cell_label=cell_label, traceback_theme=tracebacktheme.theme(shell), pool=pool)
     try:
         result = SOURCES[kind](launch)
         if folder is not None:

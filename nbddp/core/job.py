@@ -22,6 +22,7 @@ class Cell:
     push: dict[str, Any] | None = None  # --push values: a shared file to map (nbddp/kernel/pushing.py)
     pull: list[str] = field(default_factory=list)  # --pull names to send back after it ran
     post_mortem: bool = False   # --pdb: a failing rank opens the debugger at the failing frame
+    theme: str | None = None    # the kernel's traceback colours: a failing rank shows IPython's traceback
 
 
 @dataclass

@@ -224,8 +224,8 @@ class DDPError(RuntimeError, NbddpError):
             if r.hint:
                 lines.append(wrapped(f"  hint (rank {r.rank}): {r.hint}"))
         shown = set(self.result.displayed)
-        tracebacks = [(r.rank, r.exception["traceback"]) for r in self.result.failed
-                      if r.exception and r.exception.get("traceback")]
+        tracebacks = [(r.rank, r.exception.get("shown") or r.exception["traceback"]) for r in self.result.failed
+                      if r.exception and r.exception.get("traceback")]  # as the rank printed it
         for rank, traceback in tracebacks:  # a traceback once: here only where no view showed it
             if rank not in shown:
                 lines.append(f"--- rank {rank} traceback ---")

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from nbddp.core import diagnosis
-from nbddp.core.cellnames import name_cell
+from nbddp.core.cellnames import name_cell, name_cell_ipython
 from nbddp.core.result import OK, RankResult, RunResult
 
 # ----------------------------------------------------------------------------- hints
@@ -292,3 +292,19 @@ def test_name_cell_on_a_traceback_and_a_faulthandler_dump():
     other = '  File "/usr/lib/python3.11/x.py", line 3 in f\n'
     assert name_cell(other, script, "Cell In[4]", source) == other
     assert name_cell(tb, script, None) == tb
+
+
+def test_name_cell_ipython_keeps_ipythons_colours_and_names_the_cell_as_a_plain_cell_does():
+    script = "/nb/.nbddp-1.py"
+    coloured = (f"\x1b[0;36mFile \x1b[0;32m{script}:3\x1b[0m\n\x1b[0;32m----> 3\x1b[0m f()\n\n"
+                f"\x1b[0;36mFile \x1b[0;32m{script}:2\x1b[0m, in \x1b[0;36mf\x1b[0;34m()\x1b[0m\n"
+                "\x1b[0;36mFile \x1b[0;32m/usr/lib/python3.11/x.py:2\x1b[0m, in g()\n")
+    named = name_cell_ipython(coloured, script, "Cell In[4]")
+    assert named.count("\x1b[0;36mCell \x1b[0;32mIn[4], line ") == 2, named
+    assert "In[4], line 3\x1b[0m\n" in named and "In[4], line 2\x1b[0m, in " in named
+    assert "/usr/lib/python3.11/x.py:2" in named and script not in named  # other files keep their name
+    plain = f"File {script}:3\n----> 3 f()\n"
+    assert name_cell_ipython(plain, script, "Cell In[12]") == "Cell In[12], line 3\n----> 3 f()\n"
+    assert name_cell_ipython(plain, script, 'File "/logs/launch-1/cell.py"') == \
+        "File /logs/launch-1/cell.py:3\n----> 3 f()\n"  # nbddp.run(source): the copy that outlives the script
+    assert name_cell_ipython(plain, script, None) == plain
