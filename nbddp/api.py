@@ -60,12 +60,11 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
     if sinks is None:
         sinks = choose.make_sinks(spec, shell)
     folder = diffing.new_folder() if spec.diff else None
-    if folder is not None:
-        source = f"{source}{diffing.snippet(spec.diff, folder)}"
     launch = Launch(spec, source=source, func=None if func is None else local.pack_callable(func, args, kwargs),
                     sinks=tuple(sinks), cwd=os.path.abspath(cwd or os.getcwd()),
                     env_base=dict(os.environ if env_base is None else env_base), push=push,
-                    cell_label=cell_label, traceback_theme=tracebacktheme.theme(shell), pool=pool)
+                    cell_label=cell_label, traceback_theme=tracebacktheme.theme(shell), pool=pool,
+                    diff_folder=folder)
     try:
         result = SOURCES[kind](launch)
         if folder is not None:

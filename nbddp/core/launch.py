@@ -29,3 +29,4 @@ class Launch:
     cell_label: str | None = None      # how tracebacks name the cell ("Cell In[3]")
     traceback_theme: str | None = None  # the kernel's traceback colours (None: not in IPython, Python's format)
     pool: Any = None                   # the started pool that runs the cell (source "pool")
+    diff_folder: str | None = None     # --diff: the private folder the ranks compare in (nbddp/kernel/diffing.py)

@@ -21,7 +21,7 @@ from typing import Any
 from nbddp.core import exitstates, job as rankjob, messages as msg, settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.job import Cell, RankJob
-from nbddp.rank import asking, ipytraceback, netrecord, pushed, release, stackwatch, teardown, user_rendezvous
+from nbddp.rank import asking, diffing, ipytraceback, netrecord, pushed, release, stackwatch, teardown, user_rendezvous
 from nbddp.rank.procname import set_name
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
@@ -274,12 +274,15 @@ def _new_main(cell_path: str) -> types.ModuleType:
 
 
 def _exec_source(cell: Cell, main: types.ModuleType, ctl) -> None:
-    """Run one cell's source in ``main``: pushed names first, pulled names sent back after."""
+    """Run one cell's source in ``main``: pushed names first, then the cell, --diff's comparison
+    and the pulled names sent back."""
     if cell.push:
         main.__dict__.update(pushed.load(cell.push))
     source, path = cell.source, cell.path
     linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     exec(compile(source, path, "exec"), main.__dict__)
+    if cell.diff and cell.diff_folder:  # --diff: after the cell's own code, before the rank ends
+        diffing.exchange(main.__dict__, cell.diff, cell.diff_folder)
     if cell.pull:
         _send_pulled(ctl, main.__dict__, cell.pull)
 

@@ -393,7 +393,7 @@ class LivePool:
             for rank in src.procs.ranks:
                 rank.open_logs()
             src.cell = Cell(source, cell_path, cell_label, payload, list(pull), post_mortem=spec.pdb,
-                            theme=launch.traceback_theme)
+                            theme=launch.traceback_theme, diff=list(spec.diff), diff_folder=launch.diff_folder)
             src.targets = targets
             self.state = BUSY
             try:

@@ -83,6 +83,12 @@ def test_diff_at_a_fresh_cells_end(kernel):
         ["rng.python", "rank", "1"]], report
     assert "max abs diff" in report.splitlines()[1]
     assert kernel.ok("print(_ddp.diff == " + repr(report.rstrip("\n")) + ")").stdout == "True\n"
+    # a cell that fails never reaches the comparison; its traceback shows the cell's lines only
+    reply = kernel.execute("%%ddp -n 2 --diff model --timeout 60 --output text\n"
+                           "import torch\nmodel = torch.nn.Linear(3, 2)\nraise ValueError('boom')\n")
+    assert reply.status == "error"
+    assert "--diff model: not compared: the cell failed on ranks 0–1 before its end" in reply.stdout, reply.text
+    assert "diffing" not in reply.text and "exchange" not in reply.text, reply.text
     # seeded alike: equal
     reply = kernel.ok("%%ddp -n 2 --diff model --timeout 60 --output text\n"
                       "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(3, 2)\n")
