@@ -15,6 +15,7 @@ from nbddp.core.summary import label
 
 COMPUTED = 5        # differing tensors whose max abs difference is computed (bounded work and disk)
 SHOWN = 10          # differing entries the report lists
+COMPUTED_BYTES = 1 << 28  # at most this much of rank 0's tensors is written for the others to read
 WAIT = 120.0        # s a rank waits for the others' files (a slower rank's cell may still be running)
 TENSOR, RNG, VALUE = "tensor", "rng", "value"  # what an entry is: a tensor, a generator's state, a scalar
 
@@ -99,13 +100,28 @@ def _why(ref: Entry | None, other: Entry | None) -> str | None:
 
 def to_compute(comparison: Comparison) -> list[tuple[str, tuple[int, ...]]]:
     """The first ``COMPUTED`` tensors whose values (not shapes) differ, with the ranks that
-    differ: rank 0 writes these, those ranks compute them against it."""
+    differ: rank 0 writes these (``COMPUTED_BYTES`` in all), those ranks compute them against it."""
     picked: dict[str, list[int]] = {}
+    room = COMPUTED_BYTES
     for diff in comparison.differences:
-        if diff.kind == TENSOR and diff.why == "value":
-            if diff.name in picked or len(picked) < COMPUTED:
-                picked.setdefault(diff.name, []).extend(diff.ranks)
+        if diff.kind == TENSOR and diff.why == "value" and diff.ref is not None:
+            if diff.name not in picked and len(picked) < COMPUTED and _nbytes(diff.ref) <= room:
+                room -= _nbytes(diff.ref)
+                picked[diff.name] = []
+            if diff.name in picked:
+                picked[diff.name].extend(diff.ranks)
     return [(name, tuple(sorted(ranks))) for name, ranks in picked.items()]
+
+
+_ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "uint64": 8, "complex128": 16, "float32": 4,
+             "int32": 4, "uint32": 4, "float16": 2, "bfloat16": 2, "int16": 2, "uint16": 2}
+
+
+def _nbytes(entry: Entry) -> int:
+    count = 1
+    for size in entry[3]:
+        count *= size
+    return count * _ITEMSIZE.get(entry[2], 1 if entry[2] in ("bool", "int8", "uint8") else 8)
 
 
 def report(comparison: Comparison, computed: dict[int, dict[str, float]], who: str = "%ddp_diff") -> str:
@@ -163,7 +179,7 @@ def _how(diff: Difference, computed: dict[int, dict[str, float]]) -> str:
     got = {rank: computed.get(rank, {}).get(diff.name) for rank in diff.ranks}
     known = {rank: value for rank, value in got.items() if value is not None}
     if not known:
-        return "values differ (max abs diff computed for the first few only)"
+        return f"values differ (max abs diff computed for the first {COMPUTED} only, {COMPUTED_BYTES >> 20} MiB in all)"
     if len(diff.ranks) == 1:
         return f"max abs diff {_number(known[diff.ranks[0]])}"
     top = max(known, key=lambda r: known[r])

@@ -48,6 +48,13 @@ def test_equal_then_diverged_ranks_on_a_pool(kernel):
         # one module alone, by its attribute path; the pool's cells go on as before
         assert _lines(k.ok("%ddp_diff model.1").stdout)[1:] == [
             ["model.1.running_mean", "rank", "1", "max", "abs", "diff", "1"]]
+        # --diff on a pool cell, and the same from Python
+        reply = k.ok("%%ddp --diff model.0\npass")
+        assert reply.stdout.rstrip().endswith(
+            "--diff model.0: 1 of 2 tensors differ across the 2 ranks (each against rank 0):\n"
+            "  model.0.weight  rank 1  max abs diff 0.5"), reply.text
+        reply = k.ok("print(type(get_ipython().find_magic('ddp_pool').__self__).pool.diff('model.0'))")
+        assert reply.stdout.startswith("%ddp_diff: 1 of 2 tensors differ"), reply.text
         # bad names: one line each, before or after asking the ranks
         k.ok("%%ddp\nif rank == 1:\n    only_here = torch.zeros(2)\ngen = (i for i in [])")
         for line, says in (("%ddp_diff", "UsageError: %ddp_diff: usage: %ddp_diff NAME"),

@@ -69,7 +69,16 @@ def test_only_the_first_few_are_computed_and_the_list_is_bounded():
     lines = rankdiff.report(comparison, computed).splitlines()
     assert len(lines) == 1 + rankdiff.SHOWN + 1
     assert lines[-1] == "  … and 5 more"
-    assert "max abs diff computed for the first few only" in lines[rankdiff.COMPUTED + 1]
+    assert "max abs diff computed for the first 5 only, 256 MiB in all" in lines[rankdiff.COMPUTED + 1]
+
+
+def test_what_rank_0_writes_is_bounded_in_bytes():
+    big = (rankdiff.COMPUTED_BYTES // 4 + 1,)  # float32: one past the bound
+    ref = [t("huge", "a", big), t("small", "a", (2,)), t("bf", "a", (8,), "bfloat16")]
+    odd = [t("huge", "b", big), t("small", "b", (2,)), t("bf", "b", (8,), "bfloat16")]
+    comparison = rankdiff.compare(summaries(ref, odd))
+    assert rankdiff.to_compute(comparison) == [("small", (1,)), ("bf", (1,))]
+    assert "values differ (max abs diff computed for" in rankdiff.report(comparison, {1: {"small": 1.0}})
 
 
 def test_rank_0_as_the_odd_one_out_is_said():
