@@ -233,6 +233,8 @@ def where_ranks_are(result: RunLike, only: Iterable[RankLike] | None = None) -> 
     for r in considered:
         if r.blocked_at:
             parts.append(f"rank {r.rank} blocked at {r.blocked_at}")
+        elif r.state == RankState.STARTING:  # its launcher (torchrun, Ray, Slurm's queue) had not started it
+            parts.append(f"rank {r.rank} not started yet")
         elif r.state != RankState.OK and r.ended_at is None:
             parts.append(f"rank {r.rank} still running (no stack)")
     finished = [r.rank for r in result.ranks if r.state == RankState.OK and r.cause != NOT_TARGETED]

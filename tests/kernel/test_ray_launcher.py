@@ -140,7 +140,7 @@ def test_a_failing_rank_on_the_second_node_fails_the_cell(cluster, kernel):
 
 def test_timeout_shows_each_ranks_stack_and_stops_every_node(cluster, kernel):
     reply = kernel.execute(f"%%ddp --launcher ray --ray-address {cluster.address} --nnodes 2 --nproc-per-node 1 "
-                           "--timeout 25\nimport time\nprint('in', flush=True)\ntime.sleep(300)\n", timeout=240)
+                           "--timeout 35\nimport time\nprint('in', flush=True)\ntime.sleep(300)\n", timeout=240)
     assert reply.error and reply.error["ename"] == "DDPTimeout", reply.text
     assert reply.stderr.count("blocked at cell line 4: time.sleep(300)") >= 1, reply.text
     for rank in range(2):

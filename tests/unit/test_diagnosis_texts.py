@@ -247,6 +247,14 @@ def test_timeout_report_names_the_split_collective():
     assert "Hint: the ranks are not all" in diagnosis.timeout_report(6, alone)
 
 
+def test_timeout_report_says_a_rank_its_launcher_had_not_started_yet():
+    """A Ray or torchrun launch on a loaded machine: the timeout came before torchrun started a rank;
+    'still running' would be untrue."""
+    result = RunResult(ranks=[_blocked(0, None, state="starting"), _blocked(1, None)], world_size=2, log_dir="/tmp")
+    assert diagnosis.timeout_report(25, result) == \
+        "timed out after 25 s. rank 0 not started yet; rank 1 still running (no stack)."
+
+
 def test_idle_report_carries_the_same_hint():
     ranks = [_blocked(0, "cell line 6: dist.all_reduce(t) (in all_reduce)"),
              _blocked(1, "cell line 7: dist.barrier() (in barrier)")]
