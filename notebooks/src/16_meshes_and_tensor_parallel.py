@@ -209,6 +209,18 @@ print(f"rank {rank}: SP output {sp['shape']} (its half of the positions) vs the 
       f"backward {sp['backward']}")
 dist.destroy_process_group()
 
+# %% tp-reading [markdown]
+# With sequence parallelism the LayerNorm's gradient is `Partial(sum)` on each rank (printed above: each
+# rank saw half of the positions); `full_tensor()` adds the halves, and that sum is the unsharded block's
+# gradient (asserted in the check below). On GPUs, tensor parallelism is kept inside a node (NVLink): its
+# collectives sit on the critical path of every layer, forward and backward, where DDP's overlap with
+# backward. A real model combines it with data parallelism on a 2-D mesh: `parallelize_module(model,
+# mesh["tp"], plan)`, then `fully_shard(model, mesh=mesh["dp"])`.
+
+# %% check [markdown]
+# ## Check
+# The tensor- and sequence-parallel blocks against the unsharded one: shards, values, collectives.
+
 # %% tp-assert
 assert tp["shapes"] == {"up.weight": ((32, 16), "Shard(dim=0)"), "up.bias": ((32,), "Shard(dim=0)"),
                         "down.weight": ((16, 32), "Shard(dim=1)"), "down.bias": ((16,), "Replicate()")}, tp["shapes"]
@@ -219,14 +231,6 @@ assert sp["forward"] == {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1
 print(f"ok: tensor-parallel output and every gradient equal the unsharded block's (to {max(tp['out_err'], *tp['grad_err'].values()):.0e}), "
       f"with one all-reduce in forward and one in backward; sequence parallel: an all-gather and a reduce-scatter instead, "
       f"the same values (to {max(sp['out_err'], *sp['grad_err'].values()):.0e})")
-
-# %% tp-reading [markdown]
-# With sequence parallelism the LayerNorm's gradient is `Partial(sum)` on each rank (printed above:
-# each rank saw half of the positions); `full_tensor()` adds the halves, and that sum is the unsharded
-# block's gradient (asserted). On GPUs, tensor parallelism is kept inside a node (NVLink): its
-# collectives sit on the critical path of every layer, forward and backward, where DDP's overlap with
-# backward. A real model combines it with data parallelism on a 2-D mesh: `parallelize_module(model,
-# mesh["tp"], plan)`, then `fully_shard(model, mesh=mesh["dp"])`.
 
 # %% exercise [markdown]
 # ## Exercise

@@ -254,6 +254,21 @@ ax.set_ylabel("Adam state per rank (KiB)"); ax.legend(fontsize=8)
 ax.set_title(f"optimizer state per rank, {world_size} ranks, {zero[0]['param_bytes'] / 1024:.0f} KiB of parameters")
 fig.tight_layout(); plt.show()
 
+# %% zero-reading [markdown]
+# ZeRO-1's split is uneven here because the largest parameter, the 128×128 weight, is more than half of the
+# elements: the rank that owns it keeps more state than the rest together. FSDP2 splits every parameter, so its
+# shares are equal (plus the small `step` tensors each rank keeps for every parameter). The price differs
+# too: ZeRO-1 sends what DDP sends plus a broadcast of the updated parameters; FSDP2 gathers parameters
+# before every layer's forward and backward and reduce-scatters the gradients (lesson 14), and in return
+# holds only 1/N of the parameters and gradients between layers as well. ZeRO-2 (gradients sharded too,
+# parameters whole) has no class of its own in torch: FSDP1 called it `ShardingStrategy.SHARD_GRAD_OP`; the
+# nearest in FSDP2 is `fully_shard(..., reshard_after_forward=False)`, which keeps a layer's gathered
+# parameters from its forward to its backward instead of gathering them twice.
+
+# %% check [markdown]
+# ## Check
+# The optimizer state's arithmetic, and ZeRO-1's and FSDP2's parameters against DDP's.
+
 # %% zero-assert
 param_bytes, tensors = zero[0]["param_bytes"], zero[0]["tensors"]
 ddp_state = 2 * param_bytes + 4 * tensors                # exp_avg + exp_avg_sq + a 4-byte step per parameter
@@ -266,17 +281,6 @@ assert sorted(s for r in range(world_size) for s in zero[r]["owned"]) == sorted(
 print(f"as drawn: DDP keeps 2 × {param_bytes:,} B + {tensors} steps = {ddp_state:,} B of Adam state on every rank; ZeRO-1's ranks keep "
       f"{' + '.join(format(zero[r]['bytes']['ZeRO-1'], ',') for r in range(world_size))} = that once; FSDP2 1/{world_size} of the moments "
       f"plus its {tensors} steps ({zero[0]['bytes']['FSDP2']:,} B); after {steps} steps both equal DDP's parameters")
-
-# %% zero-reading [markdown]
-# ZeRO-1's split is uneven here because the largest parameter, the 128×128 weight, is more than half of the
-# elements: the rank that owns it keeps more state than the rest together. FSDP2 splits every parameter, so its
-# shares are equal (plus the small `step` tensors each rank keeps for every parameter). The price differs
-# too: ZeRO-1 sends what DDP sends plus a broadcast of the updated parameters; FSDP2 gathers parameters
-# before every layer's forward and backward and reduce-scatters the gradients (lesson 14), and in return
-# holds only 1/N of the parameters and gradients between layers as well. ZeRO-2 (gradients sharded too,
-# parameters whole) has no class of its own in torch: FSDP1 called it `ShardingStrategy.SHARD_GRAD_OP`; the
-# nearest in FSDP2 is `fully_shard(..., reshard_after_forward=False)`, which keeps a layer's gathered
-# parameters from its forward to its backward instead of gathering them twice.
 
 # %% exercise [markdown]
 # ## Exercise
