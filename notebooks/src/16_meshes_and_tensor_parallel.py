@@ -52,7 +52,8 @@ line = init_device_mesh("cpu", (4,), mesh_dim_names=("world",))
 mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
 placed = {"line": line.mesh.tolist(), "coordinate": mesh.get_coordinate(),
           "dp": mesh["dp"].mesh.tolist(), "tp": mesh["tp"].mesh.tolist()}
-print(f"rank {rank}: at {tuple(placed['coordinate'])} of the 2×2 mesh; its dp sub-mesh {placed['dp']}, its tp sub-mesh {placed['tp']}")
+print(f"rank {rank}: in the 1-D mesh {placed['line']}; at {tuple(placed['coordinate'])} of the 2×2 mesh, its dp sub-mesh "
+      f"{placed['dp']}, its tp sub-mesh {placed['tp']}")
 
 t = torch.arange(16.0).reshape(4, 4)
 blocks = {}
