@@ -92,7 +92,7 @@ dist.destroy_process_group()
 # ### The schedule, drawn from the recorded order
 # How long a step takes on two processes that share two busy cores says more about the machine than about the
 # schedule: a microbatch here computes in well under a millisecond, less than a message between two processes
-# and the wake-up of the rank it was sent to take (the clock's view is printed below the assert). So the drawing replays the **order** each rank recorded, on an ideal machine: a forward
+# and the wake-up of the rank it was sent to take (the clock's view follows). So the drawing replays the **order** each rank recorded, on an ideal machine: a forward
 # takes 1 unit, a backward 2 (it computes two products per layer), and every operation starts as soon as its
 # rank is free and its input is there (a forward needs the previous stage's forward of that microbatch, a
 # backward the next stage's backward). In that replay the bubble, the share of the time a rank idles, is
@@ -161,11 +161,39 @@ for name in orders:
 assert in_flight(orders["ScheduleGPipe"][0]) == m and in_flight(orders["Schedule1F1B"][0]) == min(p, m), orders
 print(f"as drawn: both schedules idle (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.0%} of a step on an ideal machine; stage 0 holds "
       f"{m} microbatches under GPipe, {min(p, m)} under 1F1B; loss {pipe_loss['Schedule1F1B']:.6f} = one device's {ref_loss:.6f}")
-for name in orders:                               # the clock's view: printed, not asserted (see above)
-    t0 = min(s for r in range(p) for *_, s, e in recorded[r][name]); t1 = max(e for r in range(p) for *_, s, e in recorded[r][name])
+
+# %% clock [markdown]
+# ### The same steps on this machine's clock
+# The ranks also recorded when each operation started and ended (`time.time()`: one clock for both
+# processes of this machine). Drawn as they happened, the operations are separated by gaps the ideal machine
+# does not have: the messages between the stages and the waits for a core, as long as this machine and its
+# load make them. What holds on any machine, however busy, is the order the schedule imposes: no stage starts
+# a microbatch's forward before the previous stage finished it, nor its backward before the next stage finished
+# that (asserted below, on the clock). The idle share printed with it is this machine's, not the schedule's.
+
+# %% clock-plot
+fig, axes = plt.subplots(len(orders), 1, figsize=(11, 1.2 + 1.1 * world_size * len(orders)))
+for ax, name in zip(axes, orders):
+    t0 = min(s for r in range(world_size) for *_, s, e in recorded[r][name])
+    for r in range(world_size):
+        for kind, mb, s, e in recorded[r][name]:
+            ax.barh(r, (e - s) * 1e3, left=(s - t0) * 1e3, color=f"C{mb}", alpha=1 if kind == "F" else 0.55, edgecolor="k")
+    ax.set_yticks(range(world_size), [f"rank {r}" for r in range(world_size)]); ax.invert_yaxis()
+    ax.set_title(f"{name}, as recorded: colour = microbatch, dark = forward, light = backward", fontsize=10)
+axes[-1].set_xlabel("ms since the step's first forward, on this machine's clock")
+fig.tight_layout(); plt.show()
+
+# %% clock-assert
+for name in orders:
+    ran = {(kind, r, mb): (s, e) for r in range(p) for kind, mb, s, e in recorded[r][name]}
+    for (kind, r, mb), (s, e) in ran.items():       # a forward after the previous stage's, a backward after the next one's
+        needs = ("F", r - 1, mb) if kind == "F" and r > 0 else ("B", r + 1, mb) if kind == "B" and r < p - 1 else None
+        assert needs is None or s >= ran[needs][1], (name, kind, r, mb, s, ran[needs])
+    t0, t1 = min(s for s, _ in ran.values()), max(e for _, e in ran.values())
     busy = [sum(e - s for *_, s, e in recorded[r][name]) for r in range(p)]
-    print(f"{name} on this machine's clock: from the first forward to the last backward {(t1 - t0) * 1e3:.1f} ms, of which the "
-          f"ranks computed {', '.join(f'{b * 1e3:.1f} ms' for b in busy)}; the rest went to messages and waiting for a core")
+    print(f"{name} on this machine's clock: every operation after the one it needs; from the first forward to the last "
+          f"backward {(t1 - t0) * 1e3:.1f} ms, of which the ranks computed {', '.join(f'{b * 1e3:.1f} ms' for b in busy)} "
+          f"(idle {', '.join(f'{1 - b / (t1 - t0):.0%}' for b in busy)}, the ideal machine's {(p - 1) / (m + p - 1):.0%})")
 
 # %% pipeline-reading [markdown]
 # More microbatches shrink the bubble (m = 8: 1/9) but make each one smaller, which a GPU computes less
