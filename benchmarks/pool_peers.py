@@ -298,12 +298,15 @@ class PeerBench:
         self.ranks, self.repeats = ranks, repeats
         self.rows: dict[tuple[str, int], dict[str, object]] = {}
         self.mem: dict[str, object] = {}
-        self.loads: list[tuple[str, float]] = []  # the 1-minute load average at each phase's start
+        self.loads: list[tuple[str, float, float]] = []  # each phase's start: 1-minute load, GiB available
 
     def put(self, case: str, n: int, peer: str, value) -> None:
         self.rows.setdefault((case, n), {})[peer] = value
         shown = f"{value['median']:.4f} s ({value['min']:.4f}–{value['max']:.4f})" if isinstance(value, dict) else value
         print(f"  {case:>9} n={n} {peer:>24}: {shown}", flush=True)
+
+    def note(self, phase: str) -> None:
+        self.loads.append((phase, os.getloadavg()[0], psutil.virtual_memory().available / 2**30))
 
     def fail(self, n: int, peer: str, exc: BaseException) -> None:
         for case in CASES:
@@ -345,7 +348,7 @@ class PeerBench:
                     for name in PEERS:
                         if name.startswith(peer.name):
                             self.fail(n, name, exc)
-            self.loads.append((f"timing n={n}", os.getloadavg()[0]))
+            self.note(f"timing n={n}")
             self.interleaved(n, runs)
         finally:
             for peer in peers:
@@ -359,7 +362,7 @@ class PeerBench:
         for peer in (NbddpPool(), Ipyparallel(), JupyterDistributed()):
             try:
                 runs = peer.start(n)
-                self.loads.append((f"memory {peer.name}", os.getloadavg()[0]))
+                self.note(f"memory {peer.name}")
                 self.mem[peer.name] = memory(peer.root(), runs[0].rank_pids(n), peer.server_pid)
             except Exception as exc:
                 self.mem[peer.name] = f"failed: {type(exc).__name__}: {str(exc)[:150]}"
@@ -503,8 +506,8 @@ def report(bench: PeerBench, load_start, load_end, started: datetime.datetime) -
                 ratio = f" [{v['median'] / base['median']:.2f}×]" if isinstance(base, dict) else ""
                 cells.append(f"{v['median']:.4f} ({v['min']:.4f}–{v['max']:.4f}){ratio}")
         lines.append(f"| {TITLES[case]} | {n} | " + " | ".join(cells) + " |")
-    lines += ["", "1-minute load average as each phase started: "
-              + ", ".join(f"{what} {load:.1f}" for what, load in bench.loads) + "."]
+    lines += ["", "As each phase started, the 1-minute load average and the memory available: "
+              + ", ".join(f"{what} {load:.1f}, {free:.1f} GiB" for what, load, free in bench.loads) + "."]
     lines += ["", "Memory, 4 idle ranks after the process group was made: PSS in MiB "
               "(psutil `memory_full_info().pss`), one peer running at a time.", "",
               "| peer | 4 ranks | its other processes | which | total | [ratio to nbddp pool] |",
