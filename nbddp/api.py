@@ -16,6 +16,7 @@ from nbddp.core.errors import DDPUsageError
 from nbddp.core.launch import Launch
 from nbddp.core.result import RunResult
 from nbddp.core.spec import LaunchSpec
+from nbddp.kernel import diffing, tracebacktheme
 from nbddp.sources import local, pool as on_pool, ray, slurm, torchrun
 from nbddp.views import choose
 
@@ -58,11 +59,22 @@ def run(target, n: int | None = None, *, args=(), kwargs=None, spec: LaunchSpec 
         export.export_source(spec.export, source, spec)
     if sinks is None:
         sinks = choose.make_sinks(spec, shell)
+    folder = diffing.new_folder() if spec.diff else None
     launch = Launch(spec, source=source, func=None if func is None else local.pack_callable(func, args, kwargs),
                     sinks=tuple(sinks), cwd=os.path.abspath(cwd or os.getcwd()),
                     env_base=dict(os.environ if env_base is None else env_base), push=push,
-                    cell_label=cell_label, pool=pool)
-    result = SOURCES[kind](launch)
+                    cell_label=cell_label, traceback_theme=tracebacktheme.theme(shell), pool=pool,
+                    diff_folder=folder)
+    try:
+        result = SOURCES[kind](launch)
+        if folder is not None:
+            result.diff = diffing.collect(folder, spec.world_size, f"--diff {','.join(spec.diff)}",
+                                          failed=[r.rank for r in result.ranks if not r.ok])
+            if sinks:  # after the ranks' output
+                print(result.diff, flush=True)
+    finally:
+        if folder is not None:
+            diffing.done(folder)
     if check:
         result.raise_for_status()
     return result

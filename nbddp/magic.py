@@ -16,7 +16,7 @@ from nbddp import api
 from nbddp.core.cellnames import cell_label
 from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError
-from nbddp.core.linecommands import parse_export_line, parse_pool_line
+from nbddp.core.linecommands import parse_diff_line, parse_export_line, parse_pool_line
 from nbddp.core.result import Interrupted
 from nbddp.core.spec import LaunchSpec
 from nbddp.core.states import PoolState
@@ -143,6 +143,19 @@ class DDPMagics(Magics):
             print(self.pool.status() if self.pool is not None else "nbddp pool: none started")
             if order.all_cells:
                 self._all_cells(True)
+        return None
+
+    @line_magic
+    def ddp_diff(self, line: str):
+        """``%ddp_diff model opt rng``: compare these objects across the pool's ranks (a module's
+        parameters and buffers, an optimizer's state and hyperparameters, tensors, dicts and
+        lists of them, ``rng``: the ranks' generators) by hash, and name the first entries that
+        differ, on which ranks, with their max abs difference against rank 0."""
+        pool = self.pool
+        with _shown_as_usage_error():
+            names = parse_diff_line(line, running=pool is not None and pool.state != PoolState.STOPPED)
+            if names is not None:
+                print(pool.diff(*names))
         return None
 
     def _all_cells(self, on: bool | None, quiet: bool = False) -> None:

@@ -5,9 +5,14 @@ other (every rule checked, the sinks chosen), which hands it to the pool's sourc
 from __future__ import annotations
 
 from nbddp import api
+from nbddp.core import rankdiff
+from nbddp.core.errors import DDPUsageError
 from nbddp.core.launchrules import check_pool_spec, given_or_made
+from nbddp.core.linecommands import parse_diff_line
 from nbddp.core.result import RunResult
 from nbddp.core.spec import LaunchSpec
+from nbddp.core.summary import label
+from nbddp.kernel import diffing
 from nbddp.sources.pool import LivePool
 
 
@@ -30,3 +35,25 @@ class Pool(LivePool):
         ("Cell In[3]"). The same entry as ``nbddp.run(source, pool=pool, ...)``."""
         return api.run(source, pool=self, ranks_shown=ranks, timeout=timeout, push=push, pull=pull,
                        sinks=sinks, check=check, cell_label=cell_label)
+
+    def diff(self, *names: str, who: str = "%ddp_diff") -> str:
+        """Compare ``names`` (modules, optimizers, tensors, dicts/lists of them, ``"rng"``) across
+        the ranks by hash; the report names the first entries that differ, on which ranks, with
+        the max abs difference. A name some rank lacks: DDPUsageError."""
+        if not names or not all(isinstance(n, str) for n in names):
+            raise DDPUsageError(f"{who}: name what to compare, e.g. {who} model opt rng")
+        names = parse_diff_line(" ".join(names), running=True) or names  # each a name or attribute path
+        if not self.ready:
+            raise DDPUsageError(f"{who}: the pool is not running cells ({self.why_broken or self.state}); "
+                                "%ddp_pool restart, or --diff NAME on a %%ddp --fresh cell")
+        folder = diffing.new_folder()
+        try:
+            result = api.run(diffing.snippet(names, folder), pool=self, sinks=[], check=False,
+                             timeout=2 * rankdiff.WAIT + 60)
+            failed = [r for r in result.ranks if not r.ok]
+            if failed:
+                raise DDPUsageError(f"{who}: {label([r.rank for r in failed])} failed to compare: "
+                                    f"{failed[0].cause}")
+            return diffing.collect(folder, self.spec.world_size, who, strict=True)
+        finally:
+            diffing.done(folder)

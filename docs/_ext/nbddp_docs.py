@@ -4,7 +4,7 @@ Directives (used in docs/reference/*.md and docs/tutorials/index.md):
 
 ``{nbddp-options}``   every option of the ``%%ddp`` line parser (nbddp.core.ddpline.build_parser), which
                       ``%ddp_pool start|restart`` and ``%ddp_export`` parse too
-``{nbddp-magics}``    the three magics' own usage and docstrings (nbddp.magic.DDPMagics, linecommands.POOL_USAGE)
+``{nbddp-magics}``    the four magics' own usage and docstrings (nbddp.magic.DDPMagics, linecommands.POOL_USAGE)
 ``{nbddp-hints}``     every hint nbddp gives (nbddp.core.diagnosis.HINTS and the private-network hint),
                       with the error text that triggers it
 ``{nbddp-lessons}``   the lessons (docs/lessons/*.ipynb), each with its page and how to open it
@@ -36,7 +36,7 @@ MORE = {
     "log_dir": "/explanation/security", "launcher": "/howto/cluster", "rdzv_endpoint": "/howto/cluster",
     "rdzv_backend": "/howto/cluster", "rdzv_id": "/howto/cluster", "max_restarts": "/howto/cluster",
     "rdzv_timeout": "/howto/cluster", "fresh": "/howto/pools", "push": "/howto/pools", "pull": "/howto/pools",
-    "pdb": "/howto/debugging", "export": "/howto/cluster", "slurm": "/howto/cluster",
+    "diff": "/howto/pools", "pdb": "/howto/debugging", "export": "/howto/cluster", "slurm": "/howto/cluster",
     "partition": "/howto/cluster", "account": "/howto/cluster", "time_limit": "/howto/cluster",
     "sbatch": "/howto/cluster", "ray_address": "/howto/cluster", "ray": "/howto/cluster",
 }
@@ -58,6 +58,9 @@ EXAMPLES = {
     "Default process group has not been initialized":
         "ValueError: Default process group has not been initialized, please make sure to call "
         "init_process_group.",
+    "DDP expects same model across all ranks|appears not to match (sizes|strides) of the same param in process 0":
+        "RuntimeError: DDP expects same model across all ranks, but Rank 0 has 2 params, while rank 1 has "
+        "inconsistent 4 params.",
     "Detected mismatch between collectives":
         "RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running collective: …BROADCAST…",
     "CUDA out of memory|OutOfMemoryError": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate …",
@@ -205,6 +208,7 @@ class MagicsDirective(Directive):
         for title, func, usage in (
                 ("%%ddp", DDPMagics.ddp, "%%ddp [options] [-- script arguments]"),
                 ("%ddp_pool", DDPMagics.ddp_pool, linecommands.POOL_USAGE.replace("usage: ", "")),
+                ("%ddp_diff", DDPMagics.ddp_diff, linecommands.DIFF_USAGE.replace("usage: ", "")),
                 ("%ddp_export / %%ddp_export", DDPMagics.ddp_export, "%ddp_export SCRIPT.py [options]")):
             section = nodes.section(ids=[nodes.make_id("magic " + title.split()[0])])
             section += nodes.title(title, title)
@@ -216,7 +220,7 @@ class MagicsDirective(Directive):
         commands = ", ".join(linecommands.POOL_COMMANDS)
         out[1] += nodes.paragraph("", f"Commands: {commands}. start and restart take the %%ddp options below.")
         flags = ", ".join(linecommands._SLURM_JOB_FLAGS)
-        out[2] += nodes.paragraph("", f"Options that only shape the Slurm job ({flags}) add to the last cell's "
+        out[3] += nodes.paragraph("", f"Options that only shape the Slurm job ({flags}) add to the last cell's "
                                       "options; any other option replaces them.")
         return out
 

@@ -38,3 +38,21 @@ def name_cell(text: str, script: str, label: str | None, source: str | None = No
             out.append(f"{indent}    {lines[number - 1].strip()}\n")  # faulthandler's form: add the code
     joined = "".join(out)
     return joined if text.endswith("\n") else joined.rstrip("\n")
+
+
+_SGR = r"(?:\x1b\[[0-9;]*m)*"
+
+
+def name_cell_ipython(text: str, shown_path: str, label: str | None) -> str:
+    """``text`` (a traceback IPython formatted, colours and all) with the frames of the file it
+    shows as ``shown_path`` named by ``label``: as IPython names a cell (``File x.py:7`` becomes
+    ``Cell In[3], line 7``), or the file a ``log_label`` names; the colours stay where they were."""
+    if label and label.startswith("Cell "):
+        word, name = "Cell", label[len("Cell "):]
+    elif label and label.startswith('File "') and label.endswith('"'):
+        word, name = "File", label[len('File "'):-1]
+    else:
+        return text
+    frame = re.compile(r"(?P<pre>" + _SGR + r")File (?P<mid>" + _SGR + r")" + re.escape(shown_path) + r":(?P<line>\d+)")
+    where = ", line {}" if word == "Cell" else ":{}"
+    return frame.sub(lambda m: f"{m['pre']}{word} {m['mid']}{name}{where.format(m['line'])}", text)

@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="run a fresh job even while a pool runs")
     p.add_argument("--push", type=values.names, default=(), help="notebook names to send into every worker")
     p.add_argument("--pull", type=values.names, default=(), help="worker names to gather back (name or name@rank)")
+    p.add_argument("--diff", type=values.diff_names, default=(), metavar="NAMES",
+                   help="at the cell's end, compare these objects across the ranks and name what differs "
+                        "(modules, optimizers, tensors, dicts/lists of them, rng), as %%ddp_diff")
     p.add_argument("--pdb", action="store_true",
                    help="the first rank to fail opens the debugger at the failing frame (as %%pdb)")
     p.add_argument("--export", default=None, metavar="SCRIPT.py", help="also write the cell as a torchrun script")
@@ -160,7 +163,7 @@ def parse_line(line: str, shape: LaunchSpec | None = None) -> LaunchSpec | None:
                      script_args=script_args, launcher=ns.launcher, rdzv_endpoint=ns.rdzv_endpoint,
                      rdzv_backend=ns.rdzv_backend, rdzv_id=ns.rdzv_id, max_restarts=ns.max_restarts,
                      rdzv_timeout=ns.rdzv_timeout,
-                     gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, export=ns.export,
+                     gpus=ns.gpus, fresh=ns.fresh, push=ns.push, pull=ns.pull, diff=ns.diff, export=ns.export,
                      slurm=ns.slurm, partition=ns.partition, account=ns.account, time_limit=ns.time_limit,
                      sbatch=ns.sbatch, pdb=ns.pdb, max_ranks=ns.max_ranks, fake=ns.fake,
                      ray_address=ns.ray_address, ray=ns.ray)

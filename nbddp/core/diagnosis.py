@@ -233,6 +233,8 @@ def where_ranks_are(result: RunLike, only: Iterable[RankLike] | None = None) -> 
     for r in considered:
         if r.blocked_at:
             parts.append(f"rank {r.rank} blocked at {r.blocked_at}")
+        elif r.state == RankState.STARTING:  # its launcher (torchrun, Ray, Slurm's queue) had not started it
+            parts.append(f"rank {r.rank} not started yet")
         elif r.state != RankState.OK and r.ended_at is None:
             parts.append(f"rank {r.rank} still running (no stack)")
     finished = [r.rank for r in result.ranks if r.state == RankState.OK and r.cause != NOT_TARGETED]
@@ -271,6 +273,11 @@ HINTS: list[tuple[re.Pattern[str], str]] = [
      "or end the job that holds it."),
     (re.compile(r"Default process group has not been initialized", re.I),
      "call dist.init_process_group(...) before any collective or get_rank()/get_world_size()."),
+    # DDP(model) checks the count and shapes of the ranks' parameters (_verify_params_across_processes)
+    (re.compile(r"DDP expects same model across all ranks|appears not to match (sizes|strides) of "
+                r"the same param in process 0"),
+     "the ranks built different models (a parameter's count or shape differs): %ddp_diff model on a "
+     "pool, or --diff model on a cell that builds it without DDP, names which tensor differs on which rank."),
     (re.compile(r"Detected mismatch between collectives", re.I),
      "the ranks called different collectives (or with different shapes): the message names each "
      "rank's call; every rank must make the same collective calls in the same order."),

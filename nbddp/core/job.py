@@ -22,6 +22,9 @@ class Cell:
     push: dict[str, Any] | None = None  # --push values: a shared file to map (nbddp/kernel/pushing.py)
     pull: list[str] = field(default_factory=list)  # --pull names to send back after it ran
     post_mortem: bool = False   # --pdb: a failing rank opens the debugger at the failing frame
+    theme: str | None = None    # the kernel's traceback colours: a failing rank shows IPython's traceback
+    diff: list[str] = field(default_factory=list)  # --diff names, compared after the cell's code
+    diff_folder: str | None = None  # where the ranks meet to compare them (nbddp/rank/diffing.py)
 
 
 @dataclass

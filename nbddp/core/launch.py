@@ -27,4 +27,6 @@ class Launch:
     env_base: dict[str, str] = field(default_factory=lambda: dict(os.environ))  # the ranks' environment is built on it
     push: dict[str, Any] | None = None  # --push: notebook values for every rank
     cell_label: str | None = None      # how tracebacks name the cell ("Cell In[3]")
+    traceback_theme: str | None = None  # the kernel's traceback colours (None: not in IPython, Python's format)
     pool: Any = None                   # the started pool that runs the cell (source "pool")
+    diff_folder: str | None = None     # --diff: the private folder the ranks compare in (nbddp/kernel/diffing.py)

@@ -45,7 +45,7 @@ def make_spec(n: int | None = None, nproc_per_node: int | None = None, nnodes: i
         raise DDPUsageError(f"%%ddp: unknown option{'s' if len(unknown) > 1 else ''} "
                             f"{', '.join(map(values.shown, unknown))} (the options are %%ddp's, with underscores)")
     options = {k: v for k, v in options.items() if v is not None or k in ("timeout", "idle_warning")}
-    for key in ("script_args", "push", "pull", "sbatch", "ranks_shown", "gpus"):
+    for key in ("script_args", "push", "pull", "diff", "sbatch", "ranks_shown", "gpus"):
         if options.get(key) is not None:
             if not isinstance(options[key], (list, tuple, range)):
                 raise DDPUsageError(f"%%ddp: {values.flag(key)} takes a list, got {values.shown(options[key])}")
@@ -228,6 +228,9 @@ def _check(spec: LaunchSpec) -> None:
                                 f"its --node-rank (0..{spec.nnodes - 1}); or use --rdzv-endpoint HOST:PORT")
     if spec.launcher != "local" and (spec.push or spec.pull):
         raise DDPUsageError(_NO_VALUES_ACROSS.format(launcher=spec.launcher))
+    if spec.launcher != "local" and spec.diff:
+        raise DDPUsageError(f"%%ddp: --diff compares nbddp's own ranks, which meet in a folder on this "
+                            f"machine; --launcher {spec.launcher}'s may run elsewhere")
     if spec.launcher != "local" and spec.pdb:
         raise DDPUsageError(f"%%ddp: --pdb debugs nbddp's own ranks, which the notebook's input box "
                             f"reaches; --launcher {spec.launcher}'s ranks have no way back to it")
@@ -257,6 +260,9 @@ def check_fake(spec: LaunchSpec) -> None:
                             "init_process_group(\"nccl\") is redirected too)")
     if spec.ranks_shown is not None and len(set(spec.ranks_shown)) != len(spec.ranks_shown):
         raise DDPUsageError("%%ddp: --fake --ranks names a rank twice")
+    if spec.diff:
+        raise DDPUsageError("%%ddp: --diff compares every rank's values, but --fake runs only the ranks it "
+                            "names, and its collectives move no data: drop one of them")
 
 
 _NO_VALUES_ACROSS = ("%%ddp: --push/--pull move values between the notebook and the local launcher's "
@@ -318,6 +324,8 @@ def choose_source(spec: LaunchSpec, *, pool: LaunchSpec | None = None, pool_read
     if spec.slurm and not spec.export:
         raise DDPUsageError("%%ddp: --slurm writes a Slurm job next to the exported script: "
                             "use it with --export SCRIPT.py (or %ddp_export SCRIPT.py --slurm)")
+    if func and spec.diff:
+        raise DDPUsageError("%%ddp: --diff runs after the cell's code: give source text, not a callable")
     if func and spec.export:
         raise DDPUsageError("%%ddp: --export writes the cell's source as a script: give source text, "
                             "not a callable")
@@ -346,6 +354,9 @@ def choose_source(spec: LaunchSpec, *, pool: LaunchSpec | None = None, pool_read
         raise DDPUsageError("%%ddp: cwd and env_base are the pool's own (Pool(cwd=..., base_env=...)); "
                             "give them to Pool, or run a fresh job (fresh=True)")
     check_fits_pool(spec, pool)
+    if spec.diff and spec.ranks_shown is not None and len(set(spec.ranks_shown)) < pool.world_size:
+        raise DDPUsageError("%%ddp: --diff compares every rank of the pool, so the cell must run on all "
+                            "of them (drop --ranks)")
     return "pool"
 
 

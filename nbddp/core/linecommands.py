@@ -1,4 +1,4 @@
-"""The line commands ``%ddp_pool`` and ``%ddp_export``: their lines parsed and checked (pure).
+"""The line commands ``%ddp_pool``, ``%ddp_diff`` and ``%ddp_export``: their lines parsed and checked (pure).
 
 ``%ddp_pool start|status|restart|stop`` against the pool there is; ``%ddp_export SCRIPT.py``
 with the cell below or the last ``%%ddp`` cell's options. The ``%%ddp`` options they carry are
@@ -6,6 +6,7 @@ nbddp/core/launchrules.py's; a bad line is a ``DDPUsageError`` before anything s
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError
 from nbddp.core.launchrules import check_pool_spec, check_script_name
-from nbddp.core.optionvalues import shown as _shown
+from nbddp.core.optionvalues import diff_names, shown as _shown
 from nbddp.core.spec import LaunchSpec
 
 POOL_USAGE = ("usage: %ddp_pool start [--all-cells] [%%ddp launch options] | status | restart | stop | "
@@ -77,6 +78,29 @@ def _all_cells(words: list[str], running: bool) -> PoolCommand:
         raise DDPUsageError("%ddp_pool: no pool is running to take every cell; "
                             f"%ddp_pool start -n N {ALL_CELLS}")
     return PoolCommand("all-cells", all_cells=words[0] == "on")
+
+
+# ---------------------------------------------------------------- %ddp_diff
+DIFF_USAGE = "usage: %ddp_diff NAME [NAME ...]  (modules, optimizers, tensors, dicts/lists of them, rng)"
+
+
+def parse_diff_line(line: str, *, running: bool) -> tuple[str, ...] | None:
+    """``%ddp_diff model opt rng`` → the names to compare (None: -h, the usage was printed);
+    no names, a word that is not a name, or no running pool is a DDPUsageError."""
+    words = line.split()
+    if words and words[0] in ("-h", "--help"):
+        print(DIFF_USAGE)
+        return None
+    if not words:
+        raise DDPUsageError(f"%ddp_diff: {DIFF_USAGE}")
+    try:
+        names = diff_names(" ".join(words))
+    except argparse.ArgumentTypeError as exc:
+        raise DDPUsageError(f"%ddp_diff: {exc}; {DIFF_USAGE}") from None
+    if not running:
+        raise DDPUsageError("%ddp_diff compares a running pool's ranks, and none is running: "
+                            "%ddp_pool start -n N, or --diff NAME on a %%ddp cell")
+    return names
 
 
 # ---------------------------------------------------------------- %ddp_export

@@ -99,6 +99,18 @@ def names(text: str) -> tuple[str, ...]:
     return names
 
 
+def diff_names(text: str) -> tuple[str, ...]:
+    """What --diff and %ddp_diff compare: notebook names (``model``, ``model.fc``, ``model.0``, ``opt``) and
+    ``rng`` (the ranks' generators), split on commas or spaces."""
+    found = tuple(part for part in re.split(r"[\s,]+", text) if part)
+    for name in found:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$", name):
+            raise argparse.ArgumentTypeError(f"not a Python name: {shown(name)}")
+    if not found:
+        raise argparse.ArgumentTypeError("no name given")
+    return found
+
+
 _SLURM_TIME = re.compile(r"^(\d+-\d+(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2}|unlimited|infinite)$", re.I)
 
 
@@ -178,7 +190,8 @@ _TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "legacy_launch": _OPT_STR, "start_method": _STR,
     "ranks_shown": (lambda v: v is None or ints(v), "rank numbers"), "output": _STR, "same_lines": _OPT_STR,
     "log_dir": _OPT_STR, "script_args": (texts, "a list of text arguments"), "launcher": _STR,
-    "fresh": _BOOL, "push": (texts, "names"), "pull": (texts, "names"), "rdzv_endpoint": _OPT_STR,
+    "fresh": _BOOL, "push": (texts, "names"), "pull": (texts, "names"), "diff": (texts, "names"),
+    "rdzv_endpoint": _OPT_STR,
     "rdzv_backend": _STR, "rdzv_id": _OPT_STR, "max_restarts": _INT, "rdzv_timeout": _OPT_SECONDS,
     "gpus": (lambda v: v is None or ints(v), "device numbers"), "export": _OPT_STR, "slurm": _BOOL,
     "partition": _OPT_STR, "account": _OPT_STR, "time_limit": _OPT_STR,
@@ -230,6 +243,9 @@ def check_types(spec: LaunchSpec) -> None:
             as_usage(check, getattr(spec, name))
     for line in spec.sbatch:
         as_usage(sbatch_line, line)
+    for item in spec.diff:
+        if as_usage(diff_names, item) != (item,):
+            raise DDPUsageError(f"%%ddp: --diff takes one name per item, got {shown(item)}")
     for name in ("push", "pull"):
         for item in getattr(spec, name):
             if as_usage(names, item) != (item,):

@@ -122,6 +122,7 @@ class RunResult:
     displayed: list[int] = field(default_factory=list)  # ranks whose output a view showed
     script: str | None = None  # the ranks' __file__ and sys.argv[0] (beside the notebook while it ran)
     fake: bool = False         # --fake: only ``ranks`` ran, of a world on torch's fake backend
+    diff: str | None = None    # --diff's report: what differs across the ranks (nbddp/core/rankdiff.py)
 
     @property
     def cell_file(self) -> str:
@@ -228,8 +229,8 @@ class DDPError(RuntimeError, NbddpError):
             if r.hint:
                 lines.append(wrapped(f"  hint (rank {r.rank}): {r.hint}"))
         shown = set(self.result.displayed)
-        tracebacks = [(r.rank, r.exception["traceback"]) for r in self.result.failed
-                      if r.exception and r.exception.get("traceback")]
+        tracebacks = [(r.rank, r.exception.get("shown") or r.exception["traceback"]) for r in self.result.failed
+                      if r.exception and r.exception.get("traceback")]  # as the rank printed it
         for rank, traceback in tracebacks:  # a traceback once: here only where no view showed it
             if rank not in shown:
                 lines.append(f"--- rank {rank} traceback ---")

@@ -60,10 +60,12 @@ ELASTIC_DIR = "_NBDDP_ELASTIC_DIR"
 ELASTIC_CELL_LABEL = "_NBDDP_ELASTIC_CELL_LABEL"  # how tracebacks name the cell ("Cell In[3]")
 ELASTIC_LEGACY_FLAG = "_NBDDP_ELASTIC_LEGACY_FLAG"  # the flag torch.distributed.launch passed
 ELASTIC_SOURCE = "_NBDDP_ELASTIC_SOURCE"  # nbddp's copy of the cell (nbddp/rank/cellsource.py)
-INTERNAL = (ELASTIC_DIR, ELASTIC_CELL_LABEL, ELASTIC_LEGACY_FLAG, ELASTIC_SOURCE)
+ELASTIC_TB_THEME = "_NBDDP_ELASTIC_TB_THEME"  # the kernel's traceback colours (nbddp/rank/ipytraceback.py)
+INTERNAL = (ELASTIC_DIR, ELASTIC_CELL_LABEL, ELASTIC_LEGACY_FLAG, ELASTIC_SOURCE, ELASTIC_TB_THEME)
 INTERNAL_MEANING = ("internal (hence the leading `_`): what `--launcher torchrun`/`slurm` tell the "
                     "ranks it starts (where to leave their status files, how tracebacks name the "
-                    "cell, the `--legacy-launch` flag, the copy of the cell to run); not for you to set")
+                    "cell and their colours, the `--legacy-launch` flag, the copy of the cell to run); "
+                    "not for you to set")
 
 
 def read(setting: Setting, environ: Mapping[str, str] | None = None) -> str | float | bool:

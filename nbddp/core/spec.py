@@ -38,6 +38,7 @@ class LaunchSpec:
     fresh: bool = False
     push: tuple[str, ...] = ()
     pull: tuple[str, ...] = ()
+    diff: tuple[str, ...] = ()        # compared across the ranks at the cell's end (nbddp/core/rankdiff.py)
     rdzv_endpoint: str | None = None
     rdzv_backend: str = "c10d"
     rdzv_id: str | None = None

@@ -23,12 +23,13 @@ from nbddp.core import settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.exitstates import exit_status
 from nbddp.core.rankfiles import RankFiles
-from nbddp.rank import cellsource, nostdin, stackwatch
+from nbddp.rank import cellsource, ipytraceback, nostdin, stackwatch
 from nbddp.rank.worker import cell_line
 
 STATUS_DIR_VAR = settings.ELASTIC_DIR  # the internal names: nbddp/core/settings.py
 PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 LABEL_VAR = settings.ELASTIC_CELL_LABEL  # how tracebacks name the cell (nbddp/core/cellnames.py)
+THEME_VAR = settings.ELASTIC_TB_THEME  # the kernel's traceback colours (nbddp/rank/ipytraceback.py)
 LEGACY_VAR = settings.ELASTIC_LEGACY_FLAG  # --legacy-launch: the flag torch.distributed.launch passed
 SAME_INTERRUPT_S = 1.0  # SIGINTs closer than this are one interrupt (see _acknowledge_sigint)
 
@@ -95,6 +96,7 @@ def main() -> None:
     _die_with_parent()
     legacy = os.environ.pop(LEGACY_VAR, "")
     label = os.environ.pop(LABEL_VAR, "") or None
+    theme = os.environ.pop(THEME_VAR, "") or None
     cell_path = os.path.abspath(sys.argv[1])
     sys.argv = [cell_path] + ([f"{legacy}={os.environ.get('LOCAL_RANK', '0')}"] if legacy else []) + sys.argv[2:]
     rank = int(os.environ.get("RANK", "0"))
@@ -130,9 +132,11 @@ def main() -> None:
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next
         text = name_cell("".join(traceback.format_exception(type(exc), exc, tb)), cell_path, label)
-        sys.stderr.write(text)
-        status["exception"] = {"type": type(exc).__name__, "message": str(exc),
-                               "traceback": text, "cell_line": cell_line(tb, cell_path)}
+        shown = ipytraceback.format_exception(exc, tb, cell_path=cell_path, label=label, theme=theme,
+                                              skip_file=__file__)
+        sys.stderr.write(shown or text)
+        status["exception"] = {"type": type(exc).__name__, "message": str(exc), "traceback": text,
+                               "shown": shown, "cell_line": cell_line(tb, cell_path)}
         _torch_error_file(exc, text)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     for stream in (sys.stdout, sys.stderr):

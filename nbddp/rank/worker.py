@@ -21,7 +21,18 @@ from typing import Any
 from nbddp.core import exitstates, job as rankjob, messages as msg, settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.job import Cell, RankJob
-from nbddp.rank import asking, fakeworld, netrecord, pushed, release, stackwatch, teardown, user_rendezvous
+from nbddp.rank import (
+    asking,
+    diffing,
+    fakeworld,
+    ipytraceback,
+    netrecord,
+    pushed,
+    release,
+    stackwatch,
+    teardown,
+    user_rendezvous,
+)
 from nbddp.rank.procname import set_name
 
 # What this rank was launched with, for nbddp.backend() and friends; empty outside a rank.
@@ -261,7 +272,7 @@ def _run(job: RankJob, ctl) -> int:
     except SystemExit as exc:
         return _exit_code(exc, ctl, cell.path)
     except BaseException as exc:  # the user's error: print like Python would, and report it
-        _report(ctl, exc, cell.path, cell.label, cell.source)
+        _report(ctl, exc, cell)
         try:
             _post_mortem(cell, exc)
         except KeyboardInterrupt:  # the stop button at the post-mortem prompt
@@ -278,12 +289,15 @@ def _new_main(cell_path: str) -> types.ModuleType:
 
 
 def _exec_source(cell: Cell, main: types.ModuleType, ctl) -> None:
-    """Run one cell's source in ``main``: pushed names first, pulled names sent back after."""
+    """Run one cell's source in ``main``: pushed names first, then the cell, --diff's comparison
+    and the pulled names sent back."""
     if cell.push:
         main.__dict__.update(pushed.load(cell.push))
     source, path = cell.source, cell.path
     linecache.cache[path] = (len(source), None, source.splitlines(True), path)
     exec(compile(source, path, "exec"), main.__dict__)
+    if cell.diff and cell.diff_folder:  # --diff: after the cell's own code, before the rank ends
+        diffing.exchange(main.__dict__, cell.diff, cell.diff_folder)
     if cell.pull:
         _send_pulled(ctl, main.__dict__, cell.pull)
 
@@ -321,7 +335,7 @@ def _serve(job: RankJob, ctl) -> int:
         except BaseException as exc:
             exc = release.as_released(exc, cell.path)
             status = msg.DONE_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else msg.DONE_ERROR
-            _report(ctl, exc, cell.path, cell.label, cell.source)
+            _report(ctl, exc, cell)
             _INTERRUPT["armed"] = True  # the stop button ends a post-mortem as it ends the cell
             try:
                 _post_mortem(cell, exc)
@@ -370,18 +384,22 @@ def _user_traceback(exc: BaseException):
     return tb
 
 
-def _report(ctl, exc: BaseException, cell_path: str, label: str | None = None, source: str | None = None) -> None:
-    """Print the traceback as Python would, but naming the cell as IPython does (``Cell In[3],
-    line 7``: the script file is gone after the launch), and send it to the kernel."""
+def _report(ctl, exc: BaseException, cell: Cell) -> None:
+    """Print the traceback as IPython would in the notebook (nbddp/rank/ipytraceback.py), else as
+    Python would, naming the cell as IPython does (``Cell In[3], line 7``: the script file is gone
+    after the launch); send the kernel Python's text (its summary reads that)."""
+    cell_path, label, source, theme = cell.path, cell.label, cell.source, cell.theme
     tb = _user_traceback(exc)
     report = traceback.TracebackException(type(exc), exc, tb)
     for part in _chain(report):  # nbddp's own frames (e.g. the SIGINT handler) are noise here
         part.stack[:] = [f for f in part.stack if f.filename != __file__]
     text = name_cell("".join(report.format()), cell_path, label, source)
-    sys.stderr.write(text)
+    shown = ipytraceback.format_exception(exc, tb, cell_path=cell_path, label=label, theme=theme,
+                                          skip_file=__file__)
+    sys.stderr.write(shown or text)
     sys.stderr.flush()
-    _send(ctl, (msg.EXCEPTION, {"type": type(exc).__name__, "message": str(exc),
-                              "traceback": text, "cell_line": cell_line(tb, cell_path)}))
+    _send(ctl, (msg.EXCEPTION, {"type": type(exc).__name__, "message": str(exc), "traceback": text,
+                              "shown": shown, "cell_line": cell_line(tb, cell_path)}))
 
 
 def _chain(report):

@@ -36,6 +36,8 @@ class ForkRanks(Source):
         self.log_copy = RankFiles(log_dir).cell_copy
         self.cell_path = script or self.log_copy  # the ranks' __file__ (nbddp/kernel/cellscript.py)
         self.cell_label = launch.cell_label or log_label(self.log_copy)
+        self.theme = launch.traceback_theme
+        self.diff_folder = launch.diff_folder
         self.procs = RankProcs(on_exit=self._on_exit, emit=self.emit)
         self.store = None
         self.use_spares = False
@@ -60,7 +62,8 @@ class ForkRanks(Source):
             self.note(plan.note)
         files = RankFiles(log_dir)
         cell = Cell(self.source_text, self.cell_path, self.cell_label, self.push,
-                    [name.split("@")[0] for name in spec.pull], post_mortem=spec.pdb)
+                    [name.split("@")[0] for name in spec.pull], post_mortem=spec.pdb, theme=self.theme,
+                    diff=list(spec.diff), diff_folder=self.diff_folder)
         jobs = rank_jobs(spec, files, cell, master_port=port, cwd=self.cwd, base_env=self.base_env,
                          plan=plan, func=self.func)
         ranks = []

@@ -392,7 +392,8 @@ class LivePool:
             src.result.script = cell_path
             for rank in src.procs.ranks:
                 rank.open_logs()
-            src.cell = Cell(source, cell_path, cell_label, payload, list(pull), post_mortem=spec.pdb)
+            src.cell = Cell(source, cell_path, cell_label, payload, list(pull), post_mortem=spec.pdb,
+                            theme=launch.traceback_theme, diff=list(spec.diff), diff_folder=launch.diff_folder)
             src.targets = targets
             self.state = BUSY
             try:

@@ -44,6 +44,7 @@ class ElasticLaunch(Source):
         self.spec = spec = launch.spec
         self.source_text = launch.source
         self.label = launch.cell_label
+        self.theme = launch.traceback_theme
         self.script: str | None = None
         self.sinks = list(launch.sinks)
         self.cwd = os.path.abspath(launch.cwd)
@@ -112,12 +113,14 @@ class ElasticLaunch(Source):
 
     def launch_env(self) -> dict[str, str]:
         """What this launch adds to the environment torchrun inherits: the placement, ``--env``,
-        and what nbddp's rank entry reads (its status folder, the cell's copy and label)."""
+        and what nbddp's rank entry reads (its status folder, the cell's copy, label and colours)."""
         env = dict(self.placement.env)
         env.update(dict(self.spec.env))
         env[PREFIX_VAR] = PREFIX_TEMPLATE
         env[settings.ELASTIC_DIR] = self.status_dir  # read by nbddp/rank/torchrun_rank.py
         env[settings.ELASTIC_CELL_LABEL] = self.cell_label
+        if self.theme:
+            env[settings.ELASTIC_TB_THEME] = self.theme
         env[settings.ELASTIC_SOURCE] = RankFiles(self.result.log_dir).cell_copy  # what the ranks run, on every start
         flag = legacy_flag(self.spec)
         if flag is not None:

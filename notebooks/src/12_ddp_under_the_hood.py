@@ -65,6 +65,66 @@ dist.destroy_process_group()
 for rank, b in enumerate(by_hand):
     print(f"rank {rank}: {b}")
 
+# %% diverged-ranks [markdown]
+# ### Without the broadcast: find the rank that diverged (`--diff`)
+# Leave step (1) out and nothing fails. The all-reduce gives every rank the same averaged gradient, so SGD
+# moves every replica by the same amount, and each keeps the random start its own seed gave it: a model
+# that differs on every rank, training quietly. `--diff NAME` on the `%%ddp` line compares `NAME` across
+# the ranks at the cell's end: each rank hashes every parameter and buffer (no tensor goes to the
+# notebook, no collective runs), and for the first tensors that differ, the ranks that differ compute the
+# max abs difference against rank 0's copy. The report comes after the ranks' output, and in `_ddp.diff`.
+# (On a pool, `%ddp_diff mine opt rng` does the same between cells, for models, optimizers and the
+# random generators.)
+
+# %% diverged-ranks-ddp
+# %%ddp -n $world_size --timeout 60 --diff mine
+import torch, torch.distributed as dist, torch.nn.functional as F
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(rank)                           # a seed per rank, and no broadcast: the mistake
+mine = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+opt = torch.optim.SGD(mine.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(100 + rank)
+for _ in range(3):
+    x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+    opt.zero_grad(); F.mse_loss(mine(x), y).backward()
+    for p in mine.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world
+    opt.step()
+dist.destroy_process_group()
+
+# %% diverged-ranks-code
+diverged = _ddp.diff                              # the report, as text
+
+# %% diverged-fixed [markdown]
+# The report names every parameter of `mine` and the ranks it differs on. The fix is step (1), what DDP's
+# constructor does: broadcast rank 0's parameters (and buffers) before the first step. The same cell with
+# it, and the same comparison:
+
+# %% diverged-fixed-ddp
+# %%ddp -n $world_size --timeout 60 --diff mine
+import torch, torch.distributed as dist, torch.nn.functional as F
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(rank)
+mine = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+for p in mine.parameters():
+    dist.broadcast(p.data, src=0)                 # (1) the fix: everyone starts from rank 0's weights
+opt = torch.optim.SGD(mine.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(100 + rank)
+for _ in range(3):
+    x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+    opt.zero_grad(); F.mse_loss(mine(x), y).backward()
+    for p in mine.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world
+    opt.step()
+dist.destroy_process_group()
+
+# %% diverged-fixed-code
+fixed = _ddp.diff
+
 # %% buckets-communication-overlapping-backward [markdown]
 # ## 2 · Buckets, and communication overlapping backward
 # A comm hook sees each bucket as DDP hands it over (and here times it); a hook on the **first** layer's
@@ -295,6 +355,14 @@ dist.destroy_process_group()
 # %% check-code
 assert all(b["max |DDP - by hand|"] < 1e-6 for b in by_hand), by_hand      # by hand == DDP, on every rank
 assert len({round(b["weight sum"], 6) for b in by_hand}) == 1, by_hand      # and the replicas agree
+if world_size > 1:                                                           # --diff: every parameter, on ranks 1..
+    others = "rank 1" if world_size == 2 else f"ranks 1–{world_size - 1}"
+    rows = [line.split() for line in diverged.splitlines()[1:]]
+    assert diverged.startswith(f"--diff mine: 4 of 4 tensors differ across the {world_size} ranks"), diverged
+    assert [r[0] for r in rows] == ["mine.0.weight", "mine.0.bias", "mine.2.weight", "mine.2.bias"], diverged
+    assert all(" ".join(r[1:3]) == others and "max abs diff" in " ".join(r) for r in rows), diverged
+    assert all(float(r[r.index("diff") + 1]) > 0 for r in rows), diverged
+assert fixed == f"--diff mine: all {world_size} ranks equal (4 tensors)", fixed  # after the broadcast
 plain, one, many = (timeline[k]["events"] for k in ("DDP(model)", "bucket_cap_mb=25", "bucket_cap_mb=0.25"))
 layer = 256 * 256 + 256                                                     # one Linear's parameters
 assert [(kind, n) for kind, _, n, _ in plain] == [("bucket", 4 * layer), ("last grad", 0), ("bucket", 2 * layer)], plain

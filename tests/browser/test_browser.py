@@ -118,10 +118,19 @@ def notebook_page(base, token, failure_png):
 def _choose_the_kernel_if_asked(page):
     """Notebook 7 asks "Select Kernel" when Run All comes before its session has a kernel (a
     loaded machine: its status said Idle, then Connecting): take the notebook's own, as a user would."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     dialog = page.locator(".jp-Dialog")
-    if dialog.count() and "Select Kernel" in dialog.first.inner_text():
+    for attempt in range(4):  # an accept clicked before the kernel list has loaded does not close it
+        if not (dialog.count() and "Select Kernel" in dialog.first.inner_text()):
+            return
         dialog.first.locator(".jp-mod-accept").click()
-        dialog.first.wait_for(state="detached", timeout=30_000)
+        try:
+            dialog.first.wait_for(state="detached", timeout=15_000)
+            return
+        except PlaywrightTimeout:
+            if attempt == 3:
+                raise
 
 
 def run_all(page):

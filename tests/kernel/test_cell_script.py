@@ -2,19 +2,23 @@
 ``Path(__file__).parent``), nothing left behind, tracebacks and stacks naming the cell as IPython
 does, the last stderr line of a rank that exits by itself, and one-line hints for unchanged GPU
 code on this CPU build of torch. Real kernel, real ranks, real hydra."""
+import html
 import json
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import pytest
 
 from support.helpers import wait_until
+from support.kernel import plain
 
 
 def report(reply):
     assert reply.error, f"the cell raised nothing: {reply.text[-2000:]}"
-    return "\n".join(reply.error["traceback"])
+    return plain("\n".join(reply.error["traceback"]))
 
 
 def cwd_of(kernel):
@@ -122,13 +126,32 @@ if os.environ["RANK"] == "1":
 raise KeyError("rank zero")
 """, timeout=60)
     text = report(reply)
-    shown = reply.text  # rank 0's traceback, streamed as it printed it
-    assert f"Cell In[{n}], line 5, in <module>" in shown and 'raise KeyError("rank zero")' in shown, shown
-    # rank 1's output was not shown (--ranks 0), so the DDPError carries its traceback
-    assert f"Cell In[{n}], line 4, in <module>" in text and 'raise ValueError("bad batch")' in text, text
+    shown = reply.plain  # rank 0's traceback, streamed as it printed it: IPython's, as in a plain cell
+    assert f"Cell In[{n}], line 5\n" in shown and '----> 5 raise KeyError("rank zero")' in shown, shown
+    assert "\x1b[" in reply.text, reply.text  # in the kernel's colours
+    # rank 1's output was not shown (--ranks 0), so the DDPError carries its traceback, as it printed it
+    assert f"Cell In[{n}], line 4\n" in text and '----> 4     raise ValueError("bad batch")' in text, text
     assert ".nbddp-" not in shown + text
     tb = json.loads(kernel.ok("import json; print(json.dumps(_ddp.ranks[1].exception['traceback']))").stdout)
-    assert f"Cell In[{n}], line 4, in <module>" in tb
+    assert f"Cell In[{n}], line 4, in <module>" in tb  # the result keeps Python's plain text
+
+
+def test_a_ranks_traceback_follows_the_kernels_colors_and_a_script_gets_pythons(kernel, tmp_path):
+    """``%colors nocolor``: IPython's layout without colours; ``nbddp.run`` in a plain script (no
+    IPython): Python's own traceback, as the script would print under torchrun."""
+    kernel.ok("%colors nocolor")
+    try:
+        n = prompt_number(kernel)
+        reply = kernel.execute("%%ddp -n 1\nx = 1\nraise ValueError('plain')", timeout=60)
+    finally:
+        kernel.ok("%colors neutral")
+    assert f"[rank0]:Cell In[{n}], line 3\n" in reply.text and "[rank0]:----> 3 raise ValueError('plain')" in reply.text
+    assert "\x1b[" not in reply.stderr.split("DDPError")[0], reply.stderr
+    script = tmp_path / "job.py"
+    script.write_text("import nbddp\nnbddp.run('x = 1\\nraise ValueError(x)', 1, check=False)\n")
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "[rank0]:Traceback (most recent call last):" in out.stderr and "[rank0]:ValueError: 1" in out.stderr, out
+    assert "\x1b[" not in out.stderr and "---->" not in out.stderr, out.stderr
 
 
 def test_transcript_names_the_cell(kernel):
@@ -141,9 +164,10 @@ step()
     report(reply)
     final = [o for o in reply.outputs if "text/html" in o.get("data", {})][-1]["data"]
     for mime in ("text/plain", "text/html"):
-        assert f"Cell In[{n}], line 3, in step" in final[mime], final[mime][-3000:]
-        assert f"Cell In[{n}], line 4, in &lt;module&gt;" in final[mime] or \
-            f"Cell In[{n}], line 4, in <module>" in final[mime]
+        text = html.unescape(re.sub(r"<[^>]+>", "", final[mime]))  # the html's colours are spans
+        assert f"Cell In[{n}], line 3, in step()" in text, text[-3000:]
+        assert f"Cell In[{n}], line 4\n" in text and "----> 4 step()" in text, text[-3000:]
+    assert "\x1b[" not in final["text/plain"] and "<span style" in final["text/html"]
 
 
 def test_timeout_stacks_name_the_cell(kernel):
@@ -171,7 +195,8 @@ def test_pool_cells_are_scripts_beside_the_notebook_too(kernel):
         assert facts.stdout.count("POOL True True True") == 2, facts.text
         n = prompt_number(kernel)
         reply = kernel.execute("%%ddp\nx = 1\nraise ValueError('in the pool')", timeout=60)
-        assert f"Cell In[{n}], line 3, in <module>" in reply.text, reply.text
+        assert f"Cell In[{n}], line 3\n" in reply.plain and "----> 3 raise ValueError('in the pool')" in reply.plain, \
+            reply.plain
     finally:
         kernel.ok("%ddp_pool stop")
     assert left_behind(folder) == []
@@ -189,9 +214,9 @@ dist.init_process_group("gloo"); dist.barrier()  # rank 0 has printed before ran
 if os.environ["RANK"] == "1":
     raise ValueError("under torchrun")
 """, timeout=120)
-    text = report(reply)
+    report(reply)
     assert reply.text.count("TR True True True") == 2, reply.text
-    assert f"Cell In[{n}], line 6, in <module>" in reply.text + text, reply.text + text
+    assert f"Cell In[{n}], line 6\n" in reply.plain, reply.plain  # IPython's, under torchrun too
     assert left_behind(folder) == []
 
 

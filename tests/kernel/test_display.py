@@ -312,7 +312,7 @@ time.sleep(1.5)
 
 FAILING = ("import os\nif os.environ['RANK'] == '1':\n    raise ValueError('bad batch')\n"
            "print('fine', os.environ['RANK'])")
-TB = "Traceback (most recent call last)"
+TB = "Traceback (most recent call last)"  # the header of IPython's traceback, as of Python's
 
 
 def test_a_failed_ranks_traceback_is_shown_once_in_each_form(kernel):

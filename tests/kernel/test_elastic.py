@@ -7,7 +7,7 @@ import sys
 import time
 
 from support.helpers import alive, free_port, wait_gone, wait_until
-from support.kernel import Kernel
+from support.kernel import Kernel, plain
 
 ALL_REDUCE = """import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -57,7 +57,7 @@ if os.environ["RANK"] == "1":
 time.sleep(30)
 """, timeout=180)
     assert reply.error and reply.error["ename"] == "DDPError", reply.text
-    assert "[rank1]:ValueError: bad shard" in reply.stderr
+    assert "[rank1]:ValueError: bad shard" in plain(reply.stderr)
     shown = "\n".join(reply.error["traceback"])
     assert "rank 1: failed (ValueError: bad shard at cell line 4)" in shown, shown
     assert "rank 0: terminated" in shown, shown
@@ -167,7 +167,7 @@ if attempt == 0 and os.environ["RANK"] == "1":
     raise RuntimeError("flaky first attempt")
 """, timeout=180)
     assert reply.status == "ok", reply.text
-    assert "[rank1]:RuntimeError: flaky first attempt" in reply.stderr, reply.text
+    assert "[rank1]:RuntimeError: flaky first attempt" in plain(reply.stderr), reply.text
     for r in (0, 1):
         assert f"[rank{r}]:attempt 1" in reply.stdout, reply.text
     assert "rank 1 restarted by torchrun (restart 1)" in reply.text, reply.text

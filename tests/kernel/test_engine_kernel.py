@@ -5,6 +5,7 @@ import re
 import pytest
 
 from support.helpers import wait_gone
+from support.kernel import plain
 
 MAIN_CELL = """%%ddp -n 4
 import os, torch, torch.distributed as dist
@@ -85,10 +86,10 @@ import time; time.sleep(30)
     text = "\n".join(reply.error["traceback"])
     assert "rank 1: failed (ValueError: bad batch on rank one at cell line 5)" in text
     # the traceback, with the cell's own source line, once: in rank 1's output, which the error points at
-    assert '[rank1]:    raise ValueError("bad batch on rank one")' in reply.stderr
+    assert '[rank1]:----> 5     raise ValueError("bad batch on rank one")' in plain(reply.stderr), reply.stderr
     assert "Traceback" not in text and "rank 1's traceback is in its output above" in text
     assert "ranks 0,2: terminated (stopped by nbddp after rank 1 failed)" in text   # said once for both
-    assert "[rank1]:ValueError: bad batch on rank one" in reply.stderr
+    assert "[rank1]:ValueError: bad batch on rank one" in plain(reply.stderr)
     assert "nbddp/sources/local.py" not in text and "magic.py" not in text  # no traceback from inside
 
 

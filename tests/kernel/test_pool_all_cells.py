@@ -43,8 +43,8 @@ def test_a_failing_cell_names_the_notebooks_own_line(kernel):
     try:
         reply = k.execute("x = 1\nif int(__import__('os').environ['RANK']) == 1:\n    raise ValueError('on one rank')")
         assert reply.status == "error"
-        assert "Cell In[" in reply.text and ", line 3" in reply.text, reply.text
-        assert "ValueError: on one rank" in reply.text, reply.text
+        assert "Cell In[" in reply.plain and ", line 3" in reply.plain, reply.plain
+        assert "ValueError: on one rank" in reply.plain, reply.plain
         assert "rank 1: failed (ValueError: on one rank at cell line 3)" in "\n".join(reply.error["traceback"])
         assert "ok" in k.ok("print('ok')").stdout  # the pool serves the next cell
     finally:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import sys
 import time
@@ -28,6 +29,19 @@ class Reply:
     @property
     def text(self) -> str:
         return self.stdout + self.stderr
+
+    @property
+    def plain(self) -> str:
+        """``text`` without its colours (a rank's traceback is IPython's, coloured)."""
+        return plain(self.text)
+
+
+def plain(text: str) -> str:
+    """``text`` without ANSI colour sequences."""
+    return ANSI.sub("", text)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Kernel:

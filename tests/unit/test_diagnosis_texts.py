@@ -6,7 +6,7 @@ import os
 import pytest
 
 from nbddp.core import diagnosis
-from nbddp.core.cellnames import name_cell
+from nbddp.core.cellnames import name_cell, name_cell_ipython
 from nbddp.core.result import OK, RankResult, RunResult
 
 # ----------------------------------------------------------------------------- hints
@@ -50,7 +50,12 @@ REAL_TEXTS = {
     "peer_closed": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
                    "Connection closed by peer [127.0.0.1]:16027. This is typically caused by a "
                    "remote worker crashing.",
-    "no_stdin": "EOF when reading a line",  # input() under --launcher torchrun (stdin /dev/null)
+    "no_stdin": "EOF when reading a line",
+    # DDP(model) on ranks whose models differ: the count of parameters, or a parameter's shape
+    "ddp_count": "DDP expects same model across all ranks, but Rank 0 has 2 params, while rank 1 has "
+                 "inconsistent 4 params.",
+    "ddp_shape": "[1]: params[0] in this process with sizes [4, 4] appears not to match sizes of the "
+                 "same param in process 0.",  # input() under --launcher torchrun (stdin /dev/null)
     "peer_reset": "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read "
                   "error [127.0.0.1]:29837: Connection reset by peer. This is typically caused by "
                   "a remote worker hanging or bugs in the application.",
@@ -85,6 +90,8 @@ EXPECTED = {  # a phrase the hint for each text must contain
     "own_addr": "runs on this machine",
     "own_size": "ranks that never come",
     "no_stdin": "--push NAME",
+    "ddp_count": "%ddp_diff model",
+    "ddp_shape": "--diff model",
 }
 
 
@@ -240,6 +247,14 @@ def test_timeout_report_names_the_split_collective():
     assert "Hint: the ranks are not all" in diagnosis.timeout_report(6, alone)
 
 
+def test_timeout_report_says_a_rank_its_launcher_had_not_started_yet():
+    """A Ray or torchrun launch on a loaded machine: the timeout came before torchrun started a rank;
+    'still running' would be untrue."""
+    result = RunResult(ranks=[_blocked(0, None, state="starting"), _blocked(1, None)], world_size=2, log_dir="/tmp")
+    assert diagnosis.timeout_report(25, result) == \
+        "timed out after 25 s. rank 0 not started yet; rank 1 still running (no stack)."
+
+
 def test_idle_report_carries_the_same_hint():
     ranks = [_blocked(0, "cell line 6: dist.all_reduce(t) (in all_reduce)"),
              _blocked(1, "cell line 7: dist.barrier() (in barrier)")]
@@ -285,3 +300,19 @@ def test_name_cell_on_a_traceback_and_a_faulthandler_dump():
     other = '  File "/usr/lib/python3.11/x.py", line 3 in f\n'
     assert name_cell(other, script, "Cell In[4]", source) == other
     assert name_cell(tb, script, None) == tb
+
+
+def test_name_cell_ipython_keeps_ipythons_colours_and_names_the_cell_as_a_plain_cell_does():
+    script = "/nb/.nbddp-1.py"
+    coloured = (f"\x1b[0;36mFile \x1b[0;32m{script}:3\x1b[0m\n\x1b[0;32m----> 3\x1b[0m f()\n\n"
+                f"\x1b[0;36mFile \x1b[0;32m{script}:2\x1b[0m, in \x1b[0;36mf\x1b[0;34m()\x1b[0m\n"
+                "\x1b[0;36mFile \x1b[0;32m/usr/lib/python3.11/x.py:2\x1b[0m, in g()\n")
+    named = name_cell_ipython(coloured, script, "Cell In[4]")
+    assert named.count("\x1b[0;36mCell \x1b[0;32mIn[4], line ") == 2, named
+    assert "In[4], line 3\x1b[0m\n" in named and "In[4], line 2\x1b[0m, in " in named
+    assert "/usr/lib/python3.11/x.py:2" in named and script not in named  # other files keep their name
+    plain = f"File {script}:3\n----> 3 f()\n"
+    assert name_cell_ipython(plain, script, "Cell In[12]") == "Cell In[12], line 3\n----> 3 f()\n"
+    assert name_cell_ipython(plain, script, 'File "/logs/launch-1/cell.py"') == \
+        "File /logs/launch-1/cell.py:3\n----> 3 f()\n"  # nbddp.run(source): the copy that outlives the script
+    assert name_cell_ipython(plain, script, None) == plain

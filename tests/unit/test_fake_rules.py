@@ -34,6 +34,7 @@ def test_a_fake_world_is_not_bounded_by_this_machine_but_its_running_ranks_are()
     ("-n 8 --fake --launcher ray", "--launcher ray starts every rank"),
     ("-n 8 --fake --backend nccl", "--backend nccl cannot apply"),
     ("-n 8 --fake --ranks 1,1", "names a rank twice"),
+    ("-n 8 --fake --diff model", "--diff compares every rank's values"),
 ])
 def test_bad_combinations_are_one_line(line, says):
     with pytest.raises(DDPUsageError, match=says) as info:

@@ -155,8 +155,9 @@ def _pin(text):
 
 # Lessons that need 4 ranks to show what they teach, light enough for Binder's 1-2 cores (so is
 # the quickstart, like the demo): a ring of 2 has the same rank on both sides (03), and 2
-# simulated nodes of 1 rank each have no local group to tell from the job (07).
-FOUR_RANKS = ("03", "07")
+# simulated nodes of 1 rank each have no local group to tell from the job (07), and a 2-D device
+# mesh needs 2 × 2 ranks to have both a row and a column (16).
+FOUR_RANKS = ("03", "07", "16")
 
 
 def test_binder_gets_cpu_torch_of_the_pinned_version_and_two_rank_lessons():

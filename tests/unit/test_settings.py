@@ -42,7 +42,7 @@ def test_only_the_settings_module_reads_them():
 def test_internal_variables_are_marked_and_are_the_ones_nbddp_sets():
     assert all(name.startswith("_NBDDP_") for name in settings.INTERNAL)
     assert set(settings.INTERNAL) == {torchrun_rank.STATUS_DIR_VAR, torchrun_rank.LABEL_VAR,
-                                      torchrun_rank.LEGACY_VAR, cellsource.SOURCE_VAR}
+                                      torchrun_rank.LEGACY_VAR, cellsource.SOURCE_VAR, torchrun_rank.THEME_VAR}
 
 
 @pytest.mark.parametrize("setting, given, read", [
