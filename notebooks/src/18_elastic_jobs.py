@@ -217,8 +217,8 @@ assert all(a[3] < b[2] <= a[3] + 2 for a, b in zip(phases, phases[1:])), phases 
 assert len(agent_says) == 2 and "new nodes" in agent_says[0] and "FAILED" in agent_says[1], agent_says
 assert {s["node"] for s in starts.values() if s["world"] == 2} == {"0", "1"}, starts     # two nodes in the middle
 assert fixed["step"] == steps_done and gap < 1e-5, (gap, steps_done)       # the training did not change
-print(f"ok: WORLD_SIZE 1 -> 2 -> 1, restart count 0 -> 0 -> 1, the whole group restarted each time, "
-      f"training resumed from the checkpoint and ended where a fixed job ends")
+print("ok: WORLD_SIZE 1 -> 2 -> 1, restart count 0 -> 0 -> 1, the whole group restarted each time, "
+      "training resumed from the checkpoint and ended where a fixed job ends")
 
 # %% torchft [markdown]
 # ## 5 · Beyond restarts: per-step fault tolerance (torchft, a reading)
