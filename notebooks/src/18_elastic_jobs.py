@@ -42,6 +42,14 @@ out_dir = "runs/18"
 # (rank 0 writes it, atomically), a resume from it at every start, and a **global batch of 8 rows split by
 # `WORLD_SIZE`**, so one step means the same gradient whether 1 or 2 ranks compute it. Each rank writes a
 # line per step of what it saw: its node, rank, `WORLD_SIZE`, `TORCHELASTIC_RESTART_COUNT`, process id and step.
+#
+# One line a script should not need: `dist.barrier()` before `destroy_process_group()`. In torch 2.13 a gloo
+# group's destructor waits, holding Python's GIL, for the group's worker thread, and that thread may still be
+# releasing the last collective's tensor, which needs the GIL when Python made the tensor (here the stop flag):
+# a deadlock, the worker stuck after its last step (seen in 3 of 10 runs of this job on this busy machine, in
+# `c10d::ProcessGroupGloo::~ProcessGroupGloo`, called from DDP's `Reducer` as it was freed, under gdb; the
+# kind of blocking destructor pytorch#56297 is about). A barrier has no tensor, and while the script waits for
+# it the thread gets the GIL and finishes.
 
 # %% node-script-code
 import os, shutil
@@ -84,6 +92,7 @@ def train(out, total_steps):
                                 "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
                                 "pid": os.getpid(), "step": step, "t": time.time()}) + "\n")
         time.sleep(0.1)
+    dist.barrier()   # before the group goes: see the note in §1
     dist.destroy_process_group()
 
 
