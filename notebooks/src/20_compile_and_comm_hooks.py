@@ -211,6 +211,15 @@ print(f"compiled DDP trained as eager DDP: largest parameter gap over the ranks 
 # this busy 2-core machine, more than this lesson's whole budget, and would test nothing more about DDP. **FSDP2** with `torch.compile` (compile each `fully_shard`ed block, so the
 # all-gathers and reduce-scatters sit between graphs) is not run here for the same reason.
 
+# %% check [markdown]
+# ## Check
+
+# %% check-code
+assert _ddp.ok and sent == expected and fp16_error <= fp16_bound, (sent, expected, fp16_error, fp16_bound)
+assert len(split) == buckets and whole == [sum(split)] and max(gap) < 1e-5, (split, whole, buckets, gap)
+print(f"ok: fp16 sends half the bytes, PowerSGD {sent['powersgd'] / (4 * numel):.1%}, each within its error bound; "
+      f"compiled DDP: {len(split)} graphs for {buckets} buckets, trained as eager DDP")
+
 # %% exercise [markdown]
 # ## Exercise
 # Write `powersgd_bytes(model, r)`: the bytes one rank hands to `dist.all_reduce` in one step of
