@@ -190,6 +190,32 @@ for s in starts.values():
         phases.append((s["world"], s["restart"], s["first"], s["last"]))
 print("the job, as rank 0 saw it: (WORLD_SIZE, restart count, first step, last step)", phases)
 
+# %% timeline [markdown]
+# The same lines on a clock: each dot is a step a rank reported, one colour per worker group. Between the
+# groups the job **pauses**: the old group is stopped (or dies), the agents meet again, and the new group
+# starts and loads the checkpoint. That pause, not a lost step, is what a membership change costs. Losing a
+# node costs more than gaining one: the survivor first fails on its dead peer, and the next round waits
+# until the lost node has missed its heartbeats (5 of 1 s here).
+
+# %% timeline-code
+import matplotlib.pyplot as plt
+t0 = min(r["t"] for r in records_seen)
+fig, ax = plt.subplots(figsize=(9, 2.4))
+pauses = []
+for i, (world, restart, first, last) in enumerate(phases):
+    mine = [r for r in records_seen if (r["world"], r["restart"]) == (world, restart)]
+    ax.plot([r["t"] - t0 for r in mine], [r["rank"] for r in mine], "o", ms=3, color=f"C{i}",
+            label=f"group {i + 1}: WORLD_SIZE {world}, restart count {restart}")
+    if i:
+        pauses.append(min(r["t"] for r in mine) - max(r["t"] for r in records_seen
+                                                      if (r["world"], r["restart"]) == phases[i - 1][:2]))
+ax.set_yticks(range(world_size)); ax.set_ylabel("rank"); ax.set_xlabel("seconds since the first step")
+ax.set_ylim(-0.5, world_size - 0.5); ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+ax.set_title("steps as the ranks reported them: A alone, A and B, A alone again")
+fig.tight_layout(); plt.show()
+print("pauses between the groups:", [f"{p:.1f} s" for p in pauses], "(a step takes about 0.1 s)")
+assert len(pauses) == 2 and all(p > 0.3 for p in pauses) and pauses[1] > pauses[0], pauses
+
 # %% same-as-fixed [markdown]
 # Each new group began with the step after the last checkpoint (a step cut off before its checkpoint is done
 # again; one checkpointed just before the kill, but not yet logged, is not),
@@ -276,7 +302,8 @@ print(f"{group_starts} groups started; {restarts_used} of 3 restarts used; {3 - 
 
 # %% solution-note [markdown] tags=["solution"]
 # Three groups started, but only the loss of node B counted: B joining restarted the group as well, yet
-# `TORCHELASTIC_RESTART_COUNT` stayed 0. The job could still lose two more nodes, and gain any number.
+# `TORCHELASTIC_RESTART_COUNT` stayed 0. The job could still lose a node twice more; a node joining (up to
+# `--nnodes`'s 2) costs none.
 
 # %% check-answer tags=["check"]
 assert "restarts_used" in globals() and "group_starts" in globals(), "✗ nothing to check yet: set restarts_used and group_starts"
