@@ -165,9 +165,12 @@ try:
     open(f"{out_dir}/stop", "w").close()
     node_a_exit = nodes["A"].wait(timeout=60)
 finally:
-    for p in nodes.values():
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL); p.wait()
+    for p in nodes.values():           # a node's agent, its forkserver and workers: one process group
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:     # all of them ended already
+            pass
+        p.wait()
 print(f"node A exited with {node_a_exit} after {time.monotonic() - start:.0f} s")
 agent_says = [line.split("] ", 1)[1].strip() for line in open(f"{out_dir}/A.log")
               if "will restart worker group" in line]
