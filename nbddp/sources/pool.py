@@ -34,6 +34,11 @@ from nbddp.sources.supervisor import Source, Supervisor
 FAILED_PEER_GRACE_S = 3.0  # a rank raised: how long the others may finish before being interrupted
 STOP_WAIT_S = 2.0          # a polite "stop" before signals
 RELEASE_WAIT_S = 3.0       # a released rank returns from its collective at once; past this it is stuck for good
+# An NCCL collective waits on the GPU's stream, not on a connection nbddp can close; releasing it
+# would need ProcessGroupNCCL's abort, which has not run on a GPU here: the pool ends, saying so.
+NCCL_NOT_RELEASED = ("nbddp releases a hung collective on gloo only: an nccl collective waits on the GPU, "
+                     "which closing the group's connections does not end, so the pool is ended "
+                     "(%ddp_pool restart; its state is lost)")
 IDLE, BUSY, BROKEN, STOPPED = PoolState
 
 
@@ -175,7 +180,10 @@ class PoolRanks(Source):
         """Ranks blocked in C after SIGINT (a collective some rank never joined): every rank
         closes its process group's connections, so the blocked call raises and the cell ends on
         each, keeping the ranks and their state (nbddp/rank/release.py). False where a stuck
-        rank cannot be asked (no FIFO): the pool is ended as before."""
+        rank cannot be asked (no FIFO) or the pool's backend is nccl: the pool is ended as before."""
+        if self.pool.backend == "nccl":  # untested on a GPU: say why instead of trying
+            self.note(NCCL_NOT_RELEASED)
+            return False
         asked = [stacks.ask_release(r.stack_path) for r in stuck]
         if not all(asked):
             return False
