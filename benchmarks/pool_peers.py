@@ -196,8 +196,29 @@ class Peer:
         raise NotImplementedError
 
 
-class NbddpPool(Peer):
+class KernelPeer(Peer):
+    """A peer whose ranks all run under one kernel ``k``; ``STOP`` is the cell that ends them."""
+
+    STOP = ""
+    k: Kernel | None = None
+
+    def root(self):
+        return self.k.pid
+
+    def stop(self):
+        if self.k is None:
+            return
+        tree(self.k.pid)
+        try:
+            self.k.execute(self.STOP, timeout=120)
+        finally:
+            self.k.shutdown()
+            self.k = None
+
+
+class NbddpPool(KernelPeer):
     name = "nbddp pool"
+    STOP = "%ddp_pool stop"
 
     def start(self, n):
         self.k = k = Kernel(cwd=tempfile.mkdtemp(prefix="nbddp-peers-"))
@@ -211,22 +232,10 @@ class NbddpPool(Peer):
         return [PeerRun("nbddp pool %%ddp", k, lambda code: f"%%ddp\n{code}"),
                 PeerRun("nbddp pool --all-cells", k, lambda code: code)]
 
-    def root(self):
-        return self.k.pid
 
-    def stop(self):
-        if getattr(self, "k", None) is None:
-            return
-        tree(self.k.pid)
-        try:
-            self.k.execute("%ddp_pool stop", timeout=120)
-        finally:
-            self.k.shutdown()
-            self.k = None
-
-
-class Ipyparallel(Peer):
+class Ipyparallel(KernelPeer):
     name = "ipyparallel"
+    STOP = "_cluster is not None and _cluster.stop_cluster_sync()"
 
     def start(self, n):
         self.k = k = Kernel(cwd=tempfile.mkdtemp(prefix="nbddp-peers-ipp-"))
@@ -246,19 +255,6 @@ class Ipyparallel(Peer):
         k.ok(f"%%px\n{MAKE_GROUP}", timeout=SETUP_TIMEOUT)
         tree(k.pid)
         return [PeerRun("ipyparallel %%px", k, lambda code: f"%%px\n{code}")]
-
-    def root(self):
-        return self.k.pid
-
-    def stop(self):
-        if getattr(self, "k", None) is None:
-            return
-        tree(self.k.pid)
-        try:
-            self.k.execute("_cluster is not None and _cluster.stop_cluster_sync()", timeout=120)
-        finally:
-            self.k.shutdown()
-            self.k = None
 
 
 class JupyterDistributed(Peer):
