@@ -100,8 +100,8 @@ def report_lines(data: dict[str, Any]) -> list[str]:
                          f"{human(row['sent']):>10} sent by this rank (ring)")
     else:
         lines.append(f"  collectives of {what}: none")
-    lines.append(f"  peak memory of a step: {data.get('peak') or 'not known here'}"
-                 + ("" if data.get("peak") else " (meta tensors allocate nothing and the fake backend "
-                    "moves nothing; measure one real step, e.g. with torch's FSDPMemTracker)"))
+    lines.append(f"  peak memory of a step: {data.get('peak') or 'not measured by nbddp'}"
+                 + ("" if data.get("peak") else " (torch's MemTracker, torch.distributed._tools.mem_tracker, "
+                    "counts one step of meta tensors if the cell wraps that step in it)"))
     lines += [f"  note: {note}" for note in data.get("notes", ())]
     return lines

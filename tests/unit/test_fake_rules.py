@@ -77,7 +77,7 @@ def test_the_report_says_what_is_held_sent_and_not_known():
     assert "rank 37 of 512 (nothing ran at that scale" in text
     assert "12 MiB: parameters 3 MiB (786,432 elements), gradients 3 MiB, optimizer state 6 MiB" in text
     assert "all_gather         1 x,      1 GiB of buffers,   1022 MiB sent" in text
-    assert "peak memory of a step: not known here" in text
+    assert "peak memory of a step: not measured by nbddp" in text
     assert "no nn.Module" in "\n".join(fr.report_lines({**data, "modules": 0}))
     assert fr.report_lines({**data, "notes": ["DDP on meta keeps"]})[-1] == "  note: DDP on meta keeps"
     assert fr.human(1536) == "1.5 KiB" and fr.human(100) == "100 B"
