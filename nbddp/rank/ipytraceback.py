@@ -4,12 +4,33 @@ notebook (``theme``: the kernel's colour theme). IPython's own formatter is impo
 rank fails; outside a notebook, or if it fails, the caller prints Python's plain traceback."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import types
 
 from nbddp.core.cellnames import name_cell_ipython
 
 CONTEXT = 5  # lines of the cell shown around the failing one, as IPython's Context mode shows
+
+
+@contextlib.contextmanager
+def deferred_sigterm():
+    """A SIGTERM that comes while the failure is formatted and reported (IPython's import takes a
+    moment; a launcher stopping the other ranks sends it) takes effect after: the rank's own
+    error is what it reports. The handler only notes the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if came:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def format_exception(exc: BaseException, tb, *, cell_path: str, label: str | None, theme: str | None,

@@ -8,6 +8,7 @@ environment, so the cell sees exactly what torchrun gives a script.
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import linecache
@@ -119,6 +120,7 @@ def main() -> None:
     module.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = module
     code = 0
+    deferral = contextlib.ExitStack()
     try:
         exec(compile(source, cell_path, "exec"), module.__dict__)
     except SystemExit as exc:
@@ -132,6 +134,7 @@ def main() -> None:
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next
         text = name_cell("".join(traceback.format_exception(type(exc), exc, tb)), cell_path, label)
+        deferral.enter_context(ipytraceback.deferred_sigterm())  # until the status file says it
         shown = ipytraceback.format_exception(exc, tb, cell_path=cell_path, label=label, theme=theme,
                                               skip_file=__file__)
         sys.stderr.write(shown or text)
@@ -151,6 +154,7 @@ def main() -> None:
             _write(status_path, status)
         except OSError:
             pass
+    deferral.close()  # a SIGTERM that came meanwhile ends the rank now
     sys.exit(code)
 
 

@@ -394,12 +394,16 @@ def _report(ctl, exc: BaseException, cell: Cell) -> None:
     for part in _chain(report):  # nbddp's own frames (e.g. the SIGINT handler) are noise here
         part.stack[:] = [f for f in part.stack if f.filename != __file__]
     text = name_cell("".join(report.format()), cell_path, label, source)
-    shown = ipytraceback.format_exception(exc, tb, cell_path=cell_path, label=label, theme=theme,
-                                          skip_file=__file__)
-    sys.stderr.write(shown or text)
-    sys.stderr.flush()
-    _send(ctl, (msg.EXCEPTION, {"type": type(exc).__name__, "message": str(exc), "traceback": text,
-                              "shown": shown, "cell_line": cell_line(tb, cell_path)}))
+    failure = {"type": type(exc).__name__, "message": str(exc), "traceback": text, "shown": None,
+               "cell_line": cell_line(tb, cell_path)}
+    _send(ctl, (msg.EXCEPTION, failure))  # first: the kernel knows this rank failed by itself
+    with ipytraceback.deferred_sigterm():
+        shown = ipytraceback.format_exception(exc, tb, cell_path=cell_path, label=label, theme=theme,
+                                              skip_file=__file__)
+        sys.stderr.write(shown or text)
+        sys.stderr.flush()
+        if shown:
+            _send(ctl, (msg.EXCEPTION, dict(failure, shown=shown)))  # as printed, for the DDPError
 
 
 def _chain(report):
