@@ -99,3 +99,11 @@ def test_the_longest_files_are_files_of_the_slow_layers():
     or tests/browser/ (a renamed or moved one would silently start last)."""
     files = {path.name for folder in ("kernel", "browser") for path in (conftest.TESTS / folder).glob("test_*.py")}
     assert set(conftest.LONGEST) <= files, set(conftest.LONGEST) - files
+
+
+def test_no_two_test_files_share_a_name():
+    """The folders are not packages, so pytest imports each test file by its name alone: two
+    files of one name in two layers stop the whole run at collection ("import file mismatch")."""
+    tests = Path(conftest.__file__).parent
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
