@@ -24,6 +24,7 @@ from papermill.engines import NBClientEngine, papermill_engines
 from traitlets import List
 
 ENGINE = "nbddp-lesson"
+IOPUB_TIMEOUT_S = 30
 SAVE = "__nbddp_probe_saved__ = dict(get_ipython().user_ns)"
 # The arguments are read before the call, so the saved dict survives its own name's removal.
 RESTORE = ("(lambda ns, saved: ([ns.pop(k) for k in list(ns) if k not in saved], ns.update(saved)))"
@@ -110,6 +111,9 @@ class LessonEngine(NBClientEngine):
     def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None,
                                  stderr_file=None, start_timeout=60, execution_timeout=None, **kwargs):
         kwargs.pop("input_path", None)
+        # nbclient waits IOPUB_TIMEOUT_S for a cell's output after its reply (4 s by default, and
+        # papermill makes a miss an error): on a loaded 2-core CI machine a probe cell's idle came later
+        kwargs.setdefault("iopub_timeout", IOPUB_TIMEOUT_S)
         return LessonClient(nb_man, timeout=execution_timeout, startup_timeout=start_timeout,
                             kernel_name=kernel_name, log_output=log_output, stdout_file=stdout_file,
                             stderr_file=stderr_file, **kwargs).execute()
