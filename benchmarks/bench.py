@@ -424,6 +424,17 @@ PEERS = ["ddp fresh", "ddp fresh, no pause", "ddp pool", "torchrun", "accelerate
          "local cell"]
 
 
+def table_cell(value, base, digits: int, width: int) -> str:
+    """One peer's cell of a results table: median (min–max) [ratio to ``base``], a failure's
+    text (at most ``width`` characters, no ``|``), or nothing where it was not measured."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return " ".join(value.split()).replace("|", "/")[:width]
+    ratio = f" [{value['median'] / base['median']:.2f}×]" if isinstance(base, dict) else ""
+    return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}–{value['max']:.{digits}f}){ratio}"
+
+
 def report(bench: Bench, path_md: str, path_png: str) -> str:
     os.makedirs(os.path.dirname(path_md), exist_ok=True)
     load = os.getloadavg()
@@ -443,16 +454,7 @@ def report(bench: Bench, path_md: str, path_png: str) -> str:
 
     for (case, n), peers in sorted(bench.rows.items(), key=row_order):
         base = peers.get("ddp fresh")
-        cells = []
-        for peer in PEERS:
-            v = peers.get(peer)
-            if v is None:
-                cells.append("")
-            elif isinstance(v, str):
-                cells.append(" ".join(v.split()).replace("|", "/")[:90])
-            else:
-                ratio = f" [{v['median'] / base['median']:.2f}×]" if isinstance(base, dict) else ""
-                cells.append(f"{v['median']:.3f} ({v['min']:.3f}–{v['max']:.3f}){ratio}")
+        cells = [table_cell(peers.get(peer), base, digits=3, width=90) for peer in PEERS]
         lines.append(f"| {case} | {n} | " + " | ".join(cells) + " |")
     lines += ["", "Cases: " + "; ".join(f"**{c}** = {t}" for c, t in TITLES.items()) +
               f"; **allreduce tail** = {bench.tail_cells} fresh (b) cells in a row (median, min–max; p95 below).", ""]

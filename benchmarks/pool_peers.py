@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from jupyter_client import BlockingKernelClient  # noqa: E402
 
-from bench import THINK_S, stats  # noqa: E402 - benchmarks/bench.py: one way to time a cell
+from bench import THINK_S, stats, table_cell  # noqa: E402 - benchmarks/bench.py: one way to time a cell
 from support.kernel import Kernel  # noqa: E402 - tests/support/kernel.py, on the path just above
 
 TRIVIAL = "pass"
@@ -490,17 +490,7 @@ def report(bench: PeerBench, load_start, load_end, started: datetime.datetime) -
              "| case | ranks | " + " | ".join(PEERS) + " |", "|---|---|" + "---|" * len(PEERS)]
     for (case, n), peers in sorted(bench.rows.items(), key=lambda kv: (list(CASES).index(kv[0][0]), kv[0][1])):
         base = peers.get(base_peer)
-        cells = []
-        for peer in PEERS:
-            v = peers.get(peer)
-            if v is None:
-                cells.append("")
-            elif isinstance(v, str):
-                cells.append(" ".join(v.split()).replace("|", "/")[:100])
-            else:
-                assert isinstance(v, dict)
-                ratio = f" [{v['median'] / base['median']:.2f}×]" if isinstance(base, dict) else ""
-                cells.append(f"{v['median']:.4f} ({v['min']:.4f}–{v['max']:.4f}){ratio}")
+        cells = [table_cell(peers.get(peer), base, digits=4, width=100) for peer in PEERS]
         lines.append(f"| {TITLES[case]} | {n} | " + " | ".join(cells) + " |")
     lines += ["", "As each phase started, the 1-minute load average and the memory available: "
               + ", ".join(f"{what} {load:.1f}, {free:.1f} GiB" for what, load, free in bench.loads) + "."]
