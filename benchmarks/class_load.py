@@ -70,6 +70,15 @@ def kernelspec(folder: str, private: bool, marker: str, tmp: str, extra_env: dic
     return folder
 
 
+def _executed():
+    """notebooks/executed.py as a module (its ipc_kernel())."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lessons_executed", os.path.join(NOTEBOOKS, "executed.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def student(lessons: list[str], out_dir: str) -> None:
     """One kernel's run (a subprocess of its own): the lessons in order, one JSON line each."""
     import nbformat
@@ -91,8 +100,9 @@ def student(lessons: list[str], out_dir: str) -> None:
         started = time.monotonic()
         error = ""
         try:
-            papermill.execute_notebook(src, dst, kernel_name=KERNEL, cwd=work, progress_bar=False,
-                                       request_save_on_cell_execute=False, execution_timeout=600)
+            with _executed().ipc_kernel() as config:  # three kernels started at once: no TCP port race
+                papermill.execute_notebook(src, dst, kernel_name=KERNEL, cwd=work, progress_bar=False, config=config,
+                                           request_save_on_cell_execute=False, execution_timeout=600)
         except Exception as exc:  # reported, the next lesson still runs
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
         elapsed = time.monotonic() - started

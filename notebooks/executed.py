@@ -18,6 +18,7 @@ import html
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import tempfile
@@ -72,6 +73,21 @@ class ExerciseCheckError(AssertionError):
     """A lesson's check passed (or said the wrong thing) on the exercise as given or on a typical mistake."""
 
 
+@contextlib.contextmanager
+def ipc_kernel():
+    """Config for jupyter_client that starts a kernel on unix sockets in a folder of its own (yields
+    it; the folder goes after). With TCP, jupyter_client picks five free ports and the kernel binds
+    them a moment later; on a busy machine another process takes one in between and the kernel dies
+    ("Address already in use") while its client waits 60 s: a CI run's three kernels started at
+    once met exactly that. Sockets named by path cannot be taken."""
+    from traitlets.config import Config
+    folder = tempfile.mkdtemp(prefix="nbk-", dir="/tmp")  # short: a socket's path has at most 107 bytes
+    try:
+        yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "k")}})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def execute(src: str, dst: str, kernel_name: str, cwd: str, source: str | None = None) -> None:
     """Run one lesson headless, as tests/kernel/test_notebooks.py and this script do: under papermill, with
     its exercise check tried on the exercise as given and on each of its source's mistakes
@@ -81,9 +97,10 @@ def execute(src: str, dst: str, kernel_name: str, cwd: str, source: str | None =
     lessonrun, build = _sibling("lessonrun"), _sibling("build")
     source = source or os.path.join(build.SOURCES, os.path.basename(src)[:-6] + ".py")
     mistakes = build.mistakes(source) if os.path.exists(source) else []
-    nb = papermill.execute_notebook(src, dst, kernel_name=kernel_name, cwd=cwd, progress_bar=False,
-                                    request_save_on_cell_execute=False, execution_timeout=180,
-                                    engine_name=lessonrun.ENGINE, mistakes=[list(m) for m in mistakes])
+    with ipc_kernel() as config:
+        nb = papermill.execute_notebook(src, dst, kernel_name=kernel_name, cwd=cwd, progress_bar=False,
+                                        request_save_on_cell_execute=False, execution_timeout=180, config=config,
+                                        engine_name=lessonrun.ENGINE, mistakes=[list(m) for m in mistakes])
     wrong = lessonrun.failures(nb)
     if wrong:
         raise ExerciseCheckError(f"{os.path.basename(src)}: " + "; ".join(wrong))

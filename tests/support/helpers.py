@@ -26,8 +26,10 @@ def run_with_papermill(cells: list[str], folder) -> tuple:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     src, dst = os.path.join(folder, "in.ipynb"), os.path.join(folder, "out.ipynb")
     nbformat.write(nb, src)
-    papermill.execute_notebook(src, dst, kernel_name="python3", cwd=str(folder),
-                               progress_bar=False, request_save_on_cell_execute=False)
+    from support.lessons import executed
+    with executed.ipc_kernel() as config:
+        papermill.execute_notebook(src, dst, kernel_name="python3", cwd=str(folder), config=config,
+                                   progress_bar=False, request_save_on_cell_execute=False)
     return nbformat.read(dst, as_version=4), dst
 
 

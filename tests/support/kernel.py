@@ -1,6 +1,7 @@
 """A real Jupyter kernel for tests, driven over ZMQ with jupyter_client."""
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -11,6 +12,8 @@ from dataclasses import dataclass, field
 
 import psutil
 from jupyter_client import KernelManager
+
+from support.lessons import executed
 
 
 @dataclass
@@ -48,29 +51,17 @@ class Kernel:
     """Start a kernel with this interpreter (or ``python``: another venv's), run cells in it, and
     inspect its processes."""
 
-    STARTS = 3  # tries: jupyter_client picks the kernel's TCP ports free, then the kernel binds them
-
     def __init__(self, cwd: str | None = None, env: dict | None = None, python: str | None = None, **popen):
         kw = {"cwd": cwd, **popen} if cwd else dict(popen)
         if env is not None:
             kw["env"] = env
-        for attempt in range(self.STARTS):
-            self.km = KernelManager(kernel_name="python3")  # new ports each try
-            self.km.kernel_spec.argv[0] = python or sys.executable
-            self.km.start_kernel(**kw)
-            self.kc = self.km.client()
-            self.kc.start_channels()
-            try:
-                self.kc.wait_for_ready(timeout=60)
-                return
-            except RuntimeError:
-                # "Kernel died before replying to kernel_info": in between, another process
-                # took one of those ports (a CI run: "ZMQError: Address already in use" while
-                # hundreds of ranks opened connections); only a kernel that died is tried again
-                self.kc.stop_channels()
-                if self.km.is_alive() or attempt == self.STARTS - 1:
-                    raise
-                self.km.cleanup_resources()
+        self._sockets = contextlib.ExitStack()  # on unix sockets: no TCP port another process can take first
+        self.km = KernelManager(kernel_name="python3", config=self._sockets.enter_context(executed.ipc_kernel()))
+        self.km.kernel_spec.argv[0] = python or sys.executable
+        self.km.start_kernel(**kw)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
 
     @property
     def pid(self) -> int:
@@ -252,6 +243,7 @@ class Kernel:
             self.kc.stop_channels()
         finally:
             self.km.shutdown_kernel(now=True)
+            self._sockets.close()
 
 
 def _is_spare(proc) -> bool:
