@@ -80,6 +80,23 @@ def fake_line(ranks: Sequence[int], world_size: int, elapsed: float) -> str:
             "rank ran and no collective moved data (torch's fake backend)")
 
 
+KIND_WORDS = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Activation": "activations",
+              "Temp": "temporaries", "Optstate": "optimizer state", "Other": "other"}  # MemTracker's kinds
+NOT_COUNTED = "not the CUDA context, the allocator's caching and fragmentation, or NCCL's buffers"
+
+
+def peak_line(data: dict[str, Any], phase: int | None, what: str) -> str:
+    """The peak of the phase the collectives are counted for, by kind, or why it is not known."""
+    peaks = data.get("peaks") or []
+    peak = peaks[phase or 0] if len(peaks) > (phase or 0) else None
+    if not peak:
+        why = data.get("no_peak") or "torch's MemTracker saw no tensor in it"
+        return f"  peak memory of {what}: not known ({why})"
+    kinds = ", ".join(f"{KIND_WORDS.get(kind, kind)} {human(nbytes)}" for kind, nbytes in peak["by"].items() if nbytes)
+    return (f"  peak memory of {what}: {human(peak['total'])} on {peak['device']} ({kinds}): this rank's tensors "
+            f"as torch's MemTracker counts them, {NOT_COUNTED}")
+
+
 def report_lines(data: dict[str, Any]) -> list[str]:
     """What one rank prints after its cell: bytes held, a step's collectives, what is unknown."""
     rank, world = data["rank"], data["world_size"]
@@ -100,8 +117,6 @@ def report_lines(data: dict[str, Any]) -> list[str]:
                          f"{human(row['sent']):>10} sent by this rank (ring)")
     else:
         lines.append(f"  collectives of {what}: none")
-    lines.append(f"  peak memory of a step: {data.get('peak') or 'not measured by nbddp'}"
-                 + ("" if data.get("peak") else " (torch's MemTracker, torch.distributed._tools.mem_tracker, "
-                    "counts one step of meta tensors if the cell wraps that step in it)"))
+    lines.append(peak_line(data, phase, what))
     lines += [f"  note: {note}" for note in data.get("notes", ())]
     return lines

@@ -5,7 +5,8 @@ torch picks a group's backend in ``_new_process_group_helper`` and the default g
 ``rendezvous``, both looked up by name inside distributed_c10d: wrapping those two sends an
 unchanged ``init_process_group("gloo")``, ``init_device_mesh`` or ``new_group`` to "fake" with a
 FakeStore (no other rank is waited for). A dispatch mode records each collective's buffer and
-group; DDP gets a comm hook that hands its bucket back (the fake backend's future carries none)."""
+group; DDP gets a comm hook that hands its bucket back (the fake backend's future carries none).
+torch's MemTracker counts the tensors the rank allocates, by kind, for the peak of a step."""
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ from typing import Any
 from nbddp.core import fakereport
 
 _RECORDS: list[tuple[str, int, int, int]] = []  # (kind, buffer bytes, group size, steps done)
-_STATE: dict[str, Any] = {"steps": 0, "mode": None, "notes": []}
+_STATE: dict[str, Any] = {"steps": 0, "mode": None, "notes": [], "tracker": None, "peaks": [], "no_peak": None}
 
 
 def install() -> None:
@@ -40,12 +41,94 @@ def install() -> None:
     c10d.rendezvous = rendezvous
     _patch_ddp()
     register_optimizer_step_post_hook(_stepped)
+    _STATE["tracker"], _STATE["no_peak"] = _memory_tracker()
+    if _STATE["tracker"] is not None:
+        _STATE["tracker"].__enter__()
     _STATE["mode"] = _recorder()
     _STATE["mode"].__enter__()
 
 
 def _stepped(*_args) -> None:
     _STATE["steps"] += 1
+    tracker = _STATE["tracker"]
+    if tracker is not None:  # the peak of the phase that ends here; the next one starts from what is held now
+        _STATE["peaks"].append(tracker.phase_peak())
+        tracker.new_phase()
+
+
+def _memory_tracker():
+    """(torch's MemTracker made to follow a whole cell, None) or (None, why there is none).
+
+    MemTracker refuses a root module's second forward in one tracked region (it keeps per-module
+    stats of one iteration): here a new forward of a root module starts its stats afresh. The peak
+    is kept per phase (between optimizer steps). A tracker that fails stops tracking, says why, and
+    leaves the cell running as it would without it."""
+    try:
+        from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+    except ImportError as exc:
+        return None, f"torch {_torch_version()} has no MemTracker ({exc})"
+
+    class CellTracker(MemTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failed: str | None = None
+            self._phase: dict[str, Any] = {}  # device, total, by kind: the largest moment so far
+
+        def _guarded(self, method, *args):
+            if self.failed is None:
+                try:
+                    return method(*args)
+                except Exception as exc:  # torch's private tool: the cell goes on
+                    self.failed = f"torch's MemTracker failed in this cell ({type(exc).__name__}: {exc})"
+            return None
+
+        def _pre_fw_hook(self, module, inputs):
+            def pre():
+                name = self._mod_tracker.get_known_fqn(module)
+                root = set(self._mod_tracker.parents) - {name} == {"Global"}
+                if module in self.memory_tracking and root and not self._mod_tracker.is_bw:
+                    self.reset_mod_stats()  # the next iteration
+                MemTracker._pre_fw_hook(self, module, inputs)
+            self._guarded(pre)
+
+        def _post_fw_hook(self, *args):
+            self._guarded(MemTracker._post_fw_hook, self, *args)
+
+        def _pre_bw_hook(self, *args):
+            self._guarded(MemTracker._pre_bw_hook, self, *args)
+
+        def _post_bw_hook(self, *args):
+            self._guarded(MemTracker._post_bw_hook, self, *args)
+
+        def _track(self, *args):
+            self._guarded(MemTracker._track, self, *args)
+
+        def _update_peak_stats(self, peak_state) -> None:
+            def update():
+                MemTracker._update_peak_stats(self, peak_state)
+                for device, snap in self._curr_mem_snap.items():
+                    if snap[_TOTAL_KEY] > self._phase.get("total", -1):
+                        self._phase = {"device": str(device), "total": int(snap[_TOTAL_KEY]),
+                                       "by": {str(k.value): int(v) for k, v in snap.items() if k != _TOTAL_KEY}}
+            self._guarded(update)
+
+        def phase_peak(self) -> dict[str, Any] | None:
+            return None if self.failed or not self._phase else dict(self._phase)
+
+        def new_phase(self) -> None:
+            self._phase = {}
+            self._update_peak_stats(None)
+
+    try:
+        return CellTracker(), None
+    except Exception as exc:
+        return None, f"torch's MemTracker could not start ({type(exc).__name__}: {exc})"
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _patch_ddp() -> None:
@@ -146,6 +229,12 @@ def measure(namespace: dict) -> dict[str, Any]:
     mode, _STATE["mode"] = _STATE["mode"], None
     if mode is not None:
         mode.__exit__(None, None, None)
+    tracker, _STATE["tracker"] = _STATE["tracker"], None
+    peaks, no_peak = list(_STATE["peaks"]), _STATE["no_peak"]
+    if tracker is not None:
+        peaks.append(tracker.phase_peak())  # the cell after its last optimizer step
+        tracker.__exit__(None, None, None)
+        no_peak = tracker.failed
     modules = [v for v in namespace.values() if isinstance(v, torch.nn.Module)]
     params = {id(p): p for m in modules for p in m.parameters()}
     optims = [v for v in namespace.values() if isinstance(v, torch.optim.Optimizer)]
@@ -159,7 +248,7 @@ def measure(namespace: dict) -> dict[str, Any]:
             "numel": sum(_local(p).numel() for p in params.values()),
             "grads": sum(_local_bytes(p.grad) for p in params.values() if p.grad is not None),
             "optim": sum(_local_bytes(t) for t in state.values()),
-            "steps": _STATE["steps"], "collectives": list(_RECORDS), "peak": None,
+            "steps": _STATE["steps"], "collectives": list(_RECORDS), "peaks": peaks, "no_peak": no_peak,
             "notes": list(_STATE["notes"])}
 
 

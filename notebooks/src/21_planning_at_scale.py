@@ -31,6 +31,11 @@ world_sizes = [8, 64, 512]
 # `--fake` it runs as rank 0 of 512; after it, the rank reports what it holds and the collectives of its
 # last step. A `Linear(512, 512)` split by rows over 512 ranks leaves one row (512 numbers) and one bias
 # element on each rank.
+#
+# What a rank holds *between* steps is not what it needs *during* one. To compute a layer, FSDP2 all-gathers
+# the whole layer; in the backward it holds whole layers and whole gradients (a reduce-scatter's input is
+# the full gradient) at once. The report's **peak memory of a step** (torch's `MemTracker` counting the
+# rank's live tensors) shows it: at least two whole layers, hundreds of times the shards.
 
 # %% fake-ddp
 # %%ddp -n 512 --fake --timeout 60
@@ -56,8 +61,13 @@ assert held["optim"] == 2 * 2 * per_layer * 4 + 4 * 4, held   # two moments, and
 last = [c for c in held["collectives"] if c[3] == held["steps"] - 1]
 gathers = [c for c in last if c[0] == "all_gather"]
 assert len(gathers) == 4 and all(c[1] == 512 * per_layer * 4 for c in gathers), last  # each a whole layer
+peak = held["peaks"][held["steps"] - 1]["total"]     # the last step's, as the report says
+layer = 512 * per_layer * 4
+assert peak >= 2 * layer, f"✗ the step's peak, {peak:,} bytes, is under two whole layers ({2 * layer:,})"
+assert peak > 100 * held["params"], f"✗ the peak ({peak:,}) is not hundreds of times the shards ({held['params']:,})"
 print(f"rank 0 of 512 holds {held['numel']} of the model's {2 * (512 * 512 + 512):,} numbers; "
-      f"its last step gathered {len(gathers)} whole layers of {gathers[0][1] / 2**20:.2f} MiB")
+      f"its last step gathered {len(gathers)} whole layers of {gathers[0][1] / 2**20:.2f} MiB, "
+      f"and its peak was {peak / 2**20:.2f} MiB: {peak / layer:.1f} whole layers")
 
 # %% plan [markdown]
 # ## 2 · Memory per rank: GPT-2-sized and 7B-sized, on 8, 64 and 512 ranks

@@ -117,6 +117,31 @@ def test_tp_splits_the_pair_of_linears_and_all_reduces_the_activations(loaded):
     assert step(d) == {"all_reduce": (1, 4 * 64 * F, {512})}
 
 
+def test_the_peak_of_a_step_is_the_parameters_the_gradients_and_little_else(loaded):
+    # two bias-free 1024x1024 layers on meta, plain SGD (updates in place: no optimizer state),
+    # gradients dropped after each step; a batch of 8 rows
+    cell = SETUP + """
+with torch.device("meta"):
+    model = nn.Sequential(nn.Linear(1024, 1024, bias=False), nn.Linear(1024, 1024, bias=False))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.randn(8, 1024, device="meta")).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+    ranks, text = fake_run(loaded, "-n 64 --fake", cell)
+    d = ranks[0]
+    weight, rows = 1024 * 1024 * F, 8 * 1024 * F
+    peak = d["peaks"][d["steps"] - 1]        # the last step's phase, the one the report shows
+    by = peak["by"]
+    assert peak["device"] == "meta" and by["Parameter"] == 2 * weight and by["Optstate"] == 0, peak
+    # the backward's peak: both weights' gradients (the second kept while the first is computed)
+    # beside the parameters, and no more than a few batch-sized tensors (input, hidden, its gradient)
+    assert 2 * weight <= by["Gradient"] + by["Temp"] <= 2 * weight + 2 * rows, peak
+    assert 4 * weight <= peak["total"] <= 4 * weight + 4 * rows, peak
+    assert "peak memory of step 3 (the last optimizer step; 3 ran): 16.1 MiB on meta (parameters 8 MiB" in text, text
+
+
 def test_chosen_ranks_each_run_in_their_own_process_with_their_own_shard(loaded):
     cell = FSDP.replace("SHAPE", "(512,)")
     ranks, text = fake_run(loaded, "-n 512 --fake --ranks 0,100", cell)
@@ -168,6 +193,9 @@ print("rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     assert (d["params"], d["grads"]) == (params, params)
     # on meta DDP keeps its first bucket layout, all parameters in one bucket, and says so
     assert step(d) == {"all_reduce": (1, params, {512})} and "DDP on meta keeps its first buckets" in text
+    # torch's MemTracker follows the 4 GiB model on meta through three steps (it refuses a second
+    # forward of a root module in one region unless nbddp starts the module's stats afresh)
+    assert d["peaks"][d["steps"] - 1]["by"]["Parameter"] == params and "peak memory of step 3" in text, d["peaks"]
     rss_kib = int(next(line for line in text.splitlines() if "]:rss " in line).split("rss ")[1])
     assert rss_kib * 1024 < params / 4, f"a rank holding a 4 GiB model on meta used {rss_kib} KiB"
 

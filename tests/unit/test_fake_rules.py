@@ -71,16 +71,33 @@ def test_a_step_is_the_last_optimizer_step_and_its_collectives_add_up():
 
 def test_the_report_says_what_is_held_sent_and_not_known():
     data = {"rank": 37, "world_size": 512, "modules": 1, "optimizers": 1, "params": 3 << 20, "numel": 786432,
-            "grads": 3 << 20, "optim": 6 << 20, "steps": 1, "peak": None,
+            "grads": 3 << 20, "optim": 6 << 20, "steps": 1, "peaks": [], "no_peak": None,
             "collectives": [("all_gather", 1 << 30, 512, 0)]}
     text = "\n".join(fr.report_lines(data))
     assert "rank 37 of 512 (nothing ran at that scale" in text
     assert "12 MiB: parameters 3 MiB (786,432 elements), gradients 3 MiB, optimizer state 6 MiB" in text
     assert "all_gather         1 x,      1 GiB of buffers,   1022 MiB sent" in text
-    assert "peak memory of a step: not measured by nbddp" in text
+    assert ("peak memory of the cell up to its one optimizer step (setup included): not known (torch's MemTracker "
+            "saw no tensor in it)") in text
+    failed = {**data, "no_peak": "torch's MemTracker failed in this cell (KeyError: 1)"}
+    assert "not known (torch's MemTracker failed in this cell (KeyError: 1))" in "\n".join(fr.report_lines(failed))
     assert "no nn.Module" in "\n".join(fr.report_lines({**data, "modules": 0}))
     assert fr.report_lines({**data, "notes": ["DDP on meta keeps"]})[-1] == "  note: DDP on meta keeps"
     assert fr.human(1536) == "1.5 KiB" and fr.human(100) == "100 B"
+
+
+def test_the_peak_is_the_counted_steps_by_kind_and_says_what_it_leaves_out():
+    phases = [{"device": "meta", "total": 100, "by": {"Parameter": 100}},
+              {"device": "meta", "total": (8 << 20) + 1536, "by": {"Parameter": 4 << 20, "Gradient": 4 << 20,
+                                                                     "Activation": 1536, "Temp": 0}},
+              {"device": "meta", "total": 7, "by": {"Parameter": 7}}]
+    data = {"rank": 0, "world_size": 8, "modules": 1, "params": 0, "numel": 0, "grads": 0, "optim": 0,
+            "steps": 2, "collectives": [], "peaks": phases}
+    line = [ln for ln in fr.report_lines(data) if "peak memory" in ln]
+    # the phase of the last step (the one the collectives are counted for), not the first or the tail
+    assert line == ["  peak memory of step 2 (the last optimizer step; 2 ran): 8 MiB on meta (parameters 4 MiB, "
+                    "gradients 4 MiB, activations 1.5 KiB): this rank's tensors as torch's MemTracker counts them, "
+                    "not the CUDA context, the allocator's caching and fragmentation, or NCCL's buffers"], line
 
 
 def test_the_launch_line_says_nothing_ran_at_that_scale():
