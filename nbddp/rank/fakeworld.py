@@ -5,8 +5,7 @@ torch picks a group's backend in ``_new_process_group_helper`` and the default g
 ``rendezvous``, both looked up by name inside distributed_c10d: wrapping those two sends an
 unchanged ``init_process_group("gloo")``, ``init_device_mesh`` or ``new_group`` to "fake" with a
 FakeStore (no other rank is waited for). A dispatch mode records each collective's buffer and
-group; DDP gets a comm hook that hands its bucket back (the fake backend's future carries none).
-torch's MemTracker counts the tensors the rank allocates, by kind, for the peak of a step."""
+group; DDP gets a comm hook that hands its bucket back; torch's MemTracker gives a step's peak."""
 from __future__ import annotations
 
 import os
