@@ -8,7 +8,6 @@ the checkpoints and logs the lessons write stay out of the repository.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import re
 import sys
@@ -28,9 +27,6 @@ def kernel_name(tmp_path_factory):
         yield name
 
 
-# lessons run at the same time; 2 saved ~60 s but made timing-bound lessons (13: a rank killed on
-# purpose) flaky on 2 cores
-AT_ONCE = 1
 # The lessons whose figures are timings: each runs with a busy loop pinned to one core beside it (the
 # suite's other test files load the machine too), so a figure that only agrees with its text on an
 # idle machine fails here, where its lesson asserts the claim, instead of being committed.
@@ -55,23 +51,8 @@ def _execute(name: str, kernel_name: str, cwd: str) -> float:
     return elapsed
 
 
-@pytest.fixture(scope="module")
-def lesson_runs(request, kernel_name, tmp_path_factory):
-    """The selected lessons, started ``AT_ONCE`` at a time when the first test asks: {name: future}.
-    Each lesson has its own kernel and folder, as on a student's machine."""
-    names = [item.callspec.params["name"] for item in request.session.items
-             if getattr(item, "originalname", "") == "test_lesson_runs_clean_and_checks_pass"]
-    os.makedirs(ARTIFACTS, exist_ok=True)
-    pool = concurrent.futures.ThreadPoolExecutor(AT_ONCE, thread_name_prefix="lesson")
-    try:
-        yield {name: pool.submit(_execute, name, kernel_name, str(tmp_path_factory.mktemp(name[:2])))
-               for name in names}
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # after a failure (-x): no lesson starts, none is left running
-
-
 @pytest.mark.parametrize("name", NOTEBOOK_FILES)
-def test_lesson_runs_clean_and_checks_pass(name, lesson_runs):
+def test_lesson_runs_clean_and_checks_pass(name, kernel_name, tmp_path):
     """Every notebook in notebooks/ (the quickstart, the built lessons, the pool one), with only what
     the README's install gives: this interpreter has the ``lessons`` extra (the test extra
     includes it) and nothing the notebooks import beyond that."""
@@ -87,7 +68,8 @@ def test_lesson_runs_clean_and_checks_pass(name, lesson_runs):
         assert "solution" in tags and "check" in tags, "an exercise, its folded solution and a check"
         assert any(c.cell_type == "markdown" and c.source.startswith("## Check") for c in nb.cells)
 
-    elapsed = lesson_runs[name].result(timeout=600)
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    elapsed = _execute(name, kernel_name, str(tmp_path))  # in a kernel and folder of its own, as on a student's machine
     out = nbformat.read(os.path.join(ARTIFACTS, name), as_version=4)
     errors = [o for c in out.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
