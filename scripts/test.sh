@@ -26,5 +26,5 @@ status=0
 # 505-988 s of pytest by the machine, where two took 1,093 s and four were no faster. tests/conftest.py sends
 # the longest files first; the 25 slowest tests are listed at the end. `-n 0` (after these) runs
 # them one at a time.
-.venv/bin/python -m pytest -n 3 --dist loadgroup --no-loadscope-reorder --durations=25 "$@" || status=$?
+.venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@" || status=$?
 exit "$status"

@@ -40,29 +40,16 @@ def fresh_kernel(tmp_path):
     k.shutdown()
 
 
-# Seconds each of the longest units took in a whole-suite run (2 cores, 2026-12-06, three at a
-# time). A unit is what scripts/test.sh hands one worker (--dist loadgroup): a file, so its module
-# fixtures (a kernel, a Ray cluster, a browser) are made once, except the lessons, in two halves
-# (together the longest unit by far, 510 s). Units go out in collection order
-# (--no-loadscope-reorder: xdist would otherwise order them by their number of tests): longest
-# first, so no long unit starts last and leaves the other workers idle while it ends.
-LONGEST = {"test_browser.py": 272, "test_notebooks.py[odd]": 270, "test_notebooks.py[even]": 250,
-           "test_ray_launcher.py": 232, "test_readme.py": 179, "test_faults.py": 113, "test_elastic.py": 106,
-           "test_descriptors.py": 104, "test_slurm.py": 98, "test_interrupts.py": 86, "test_kernel_death.py": 75,
-           "test_wheel.py": 73, "test_private_net.py": 70, "test_preload.py": 66, "test_training_soak.py": 61,
-           "test_spares.py": 54, "test_cell_script.py": 46, "test_class_load.py": 42,
-           "test_torchrun_attribution.py": 38, "test_diagnosis.py": 34, "test_notebooks.py": 30,
+# Seconds each of the longest files (of tests/kernel/ and tests/browser/, by name) took in a
+# whole-suite run (2 cores, 2026-12-06, three files at a time). scripts/test.sh hands files out in
+# collection order (--no-loadscope-reorder: xdist would otherwise order them by their number of
+# tests): longest first, so no long file starts last and leaves the other workers idle while it ends.
+LONGEST = {"test_notebooks.py": 510, "test_browser.py": 272, "test_ray_launcher.py": 232, "test_readme.py": 179,
+           "test_faults.py": 113, "test_elastic.py": 106, "test_descriptors.py": 104, "test_slurm.py": 98,
+           "test_interrupts.py": 86, "test_kernel_death.py": 75, "test_wheel.py": 73, "test_private_net.py": 70,
+           "test_preload.py": 66, "test_training_soak.py": 61, "test_spares.py": 54, "test_cell_script.py": 46,
+           "test_class_load.py": 42, "test_torchrun_attribution.py": 38, "test_diagnosis.py": 34,
            "test_docs.py": 60, "test_colab_pins.py": 150}  # their venv and site are built on a fresh clone
-
-
-def unit(item) -> str:
-    """The unit of work ``item`` goes to a worker in: its file's name, or for a lesson of
-    tests/kernel/test_notebooks.py the half its number falls in (odd or even)."""
-    name = Path(item.path).name
-    lesson = getattr(item, "callspec", None) and item.callspec.params.get("name")
-    if name == "test_notebooks.py" and isinstance(lesson, str) and lesson[:2].isdigit():
-        return f"{name}[{'odd' if int(lesson[:2]) % 2 else 'even'}]"
-    return name
 
 
 TESTS = Path(__file__).resolve().parent
@@ -79,10 +66,8 @@ def layer(item) -> str:
     return folder
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which names each item's group from its mark
 def pytest_collection_modifyitems(items):
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(unit(item)))
         folder = layer(item)
         if folder == "unit" and (item.get_closest_marker("kernel")
                                  or KERNEL_FIXTURES & set(getattr(item, "fixturenames", ()))):
@@ -94,7 +79,7 @@ def pytest_collection_modifyitems(items):
 
 
 def _seconds_alone(item) -> int:
-    return LONGEST.get(unit(item), 0)
+    return LONGEST.get(Path(item.path).name, 0)
 
 
 # ----------------------------------------------------------- the fast layer starts no process

@@ -80,25 +80,7 @@ class Item:
 def test_the_folder_gives_the_markers():
     items = [Item("unit", "tmp_path"), Item("kernel", "tmp_path"), Item("kernel", "kernel"), Item("browser")]
     conftest.pytest_collection_modifyitems(items)
-    assert [[m for m in item.marks if isinstance(m, str)] for item in items] == [
-        [], ["kernel"], ["kernel"], ["kernel", "browser"]]
-    # and each its unit of work for the workers (--dist loadgroup): its file
-    groups = [[m.args for m in item.marks if not isinstance(m, str)] for item in items]
-    assert groups == [[("test_x.py",)]] * 4
-
-
-def test_a_file_is_one_workers_unit_but_the_lessons_are_two():
-    lesson = Item("kernel")
-    lesson.path = conftest.TESTS / "kernel" / "test_notebooks.py"
-    units = set()
-    for name in ("00_quickstart.ipynb", "07_multi_node.ipynb", "12_ddp_under_the_hood.ipynb"):
-        lesson.callspec = type("Callspec", (), {"params": {"name": name}})()
-        units.add((name[:2], conftest.unit(lesson)))
-    assert units == {("00", "test_notebooks.py[even]"), ("07", "test_notebooks.py[odd]"),
-                     ("12", "test_notebooks.py[even]")}
-    del lesson.callspec  # the file's other tests stay together
-    assert conftest.unit(lesson) == "test_notebooks.py" and conftest.unit(Item("kernel")) == "test_x.py"
-    assert set(conftest.LONGEST) >= {"test_notebooks.py[even]", "test_notebooks.py[odd]"}
+    assert [item.marks for item in items] == [[], ["kernel"], ["kernel"], ["kernel", "browser"]]
 
 
 @pytest.mark.parametrize("item, words", [
@@ -113,11 +95,10 @@ def test_a_test_that_starts_processes_in_unit_or_outside_the_layers_is_refused(i
 
 
 def test_the_longest_files_are_files_of_the_slow_layers():
-    """scripts/test.sh sends the units conftest.LONGEST names first: each is a file in tests/kernel/
-    or tests/browser/, or a half of one (a renamed or moved one would silently start last)."""
+    """scripts/test.sh sends the files conftest.LONGEST names first: each is a file in tests/kernel/
+    or tests/browser/ (a renamed or moved one would silently start last)."""
     files = {path.name for folder in ("kernel", "browser") for path in (conftest.TESTS / folder).glob("test_*.py")}
-    named = {unit.split("[")[0] for unit in conftest.LONGEST}
-    assert named <= files, named - files
+    assert set(conftest.LONGEST) <= files, set(conftest.LONGEST) - files
 
 
 def test_no_two_test_files_share_a_name():
