@@ -234,6 +234,8 @@ def launch_line(result, spec, backend: str, times: str = "×") -> str:
             where = "torchrun --standalone"
     elif spec.launcher == "slurm":
         where = "Slurm: srun + torchrun per node, c10d rendezvous on the first node"
+    elif spec.launcher == "ray":  # the first node (and its port) is known once Ray has placed it
+        where = "Ray: one torchrun per node from a placement group, c10d rendezvous on the first node"
     else:
         where = f"MASTER_PORT {result.master_port}"
     if spec.fake:

@@ -75,3 +75,14 @@ def test_nccl_on_ray_takes_the_bundles_gpus_not_this_machines():
     spec = make_spec(n=2, launcher="ray", backend="nccl")
     launch = RayLaunch(Launch(spec, source="pass", sinks=(), cwd=".", env_base={}), rayaddress.RayAddress(None))
     assert launch.placement.backend == "nccl" and launch.placement.env == ()
+
+
+def test_the_launch_line_says_how_ray_runs_the_nodes():
+    from nbddp.core.result import launch_result
+    from nbddp.views import transcript
+
+    spec = make_spec(nproc_per_node=2, nnodes=2, launcher="ray")
+    line = transcript.launch_line(launch_result(spec, "/tmp/x"), spec, "gloo")
+    # before: "MASTER_PORT None" (the local launcher's words, a port Ray's nodes never use)
+    assert line == ("4 ranks (2 nodes × 2), backend gloo, Ray: one torchrun per node from a placement group, "
+                    "c10d rendezvous on the first node"), line
