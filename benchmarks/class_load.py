@@ -84,6 +84,7 @@ def student(lessons: list[str], out_dir: str) -> None:
     import nbformat
     import papermill
 
+    executed = _executed()
     for original in lessons:
         name = os.path.basename(original)
         dst = os.path.join(out_dir, name)
@@ -100,7 +101,7 @@ def student(lessons: list[str], out_dir: str) -> None:
         started = time.monotonic()
         error = ""
         try:
-            with _executed().ipc_kernel() as config:  # three kernels started at once: no TCP port race
+            with executed.ipc_kernel() as config:  # three kernels started at once: no TCP port race
                 papermill.execute_notebook(src, dst, kernel_name=KERNEL, cwd=work, progress_bar=False, config=config,
                                            request_save_on_cell_execute=False, execution_timeout=600)
         except Exception as exc:  # reported, the next lesson still runs

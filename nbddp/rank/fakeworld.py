@@ -103,20 +103,21 @@ def _memory_tracker():
             self._guarded(MemTracker._track, self, *args)
 
         def _update_peak_stats(self, peak_state) -> None:
-            def update():
-                MemTracker._update_peak_stats(self, peak_state)
-                for device, snap in self._curr_mem_snap.items():
-                    if snap[_TOTAL_KEY] > self._phase.get("total", -1):
-                        self._phase = {"device": str(device), "total": int(snap[_TOTAL_KEY]),
-                                       "by": {str(k.value): int(v) for k, v in snap.items() if k != _TOTAL_KEY}}
-            self._guarded(update)
+            self._guarded(MemTracker._update_peak_stats, self, peak_state)
+            self._guarded(self._note_phase_peak)
+
+        def _note_phase_peak(self) -> None:
+            for device, snap in self._curr_mem_snap.items():
+                if snap[_TOTAL_KEY] > self._phase.get("total", -1):
+                    self._phase = {"device": str(device), "total": int(snap[_TOTAL_KEY]),
+                                   "by": {str(k.value): int(v) for k, v in snap.items() if k != _TOTAL_KEY}}
 
         def phase_peak(self) -> dict[str, Any] | None:
             return None if self.failed or not self._phase else dict(self._phase)
 
-        def new_phase(self) -> None:
+        def new_phase(self) -> None:  # starts from what is held now
             self._phase = {}
-            self._update_peak_stats(None)
+            self._guarded(self._note_phase_peak)
 
     try:
         return CellTracker(), None
