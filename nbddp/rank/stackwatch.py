@@ -28,13 +28,17 @@ def ask_path(stack_path: str) -> str:
 def serve(stack_path: str):
     """Answer stack requests for ``stack_path`` from now on; returns the open stack file."""
     # append mode: the kernel truncates the file before each request, and a plain "w" offset
-    # would put the next dump after a hole of NUL bytes
-    stack_file = open(stack_path, "a", opener=_private)
+    # would put the next dump after a hole of NUL bytes. Made under another name and renamed once
+    # the handler is in place: the kernel asks only a rank whose stack file exists, and SIGUSR1
+    # before the handler would kill the rank (an idle warning during a slow start asks for stacks).
+    pending = f"{stack_path}.{os.getpid()}.new"
+    stack_file = open(pending, "a", opener=_private)
     faulthandler.register(SIGNAL, file=stack_file, all_threads=True, chain=False)
     try:
         signal.siginterrupt(SIGNAL, False)  # SA_RESTART for the fallback signal
     except (OSError, ValueError, AttributeError):
         pass
+    os.replace(pending, stack_path)
     fifo = ask_path(stack_path)
     try:
         if os.path.exists(fifo):  # a pool rank of an earlier start, or a rerun in the same folder
