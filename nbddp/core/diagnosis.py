@@ -291,6 +291,9 @@ HINTS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"invalid device ordinal|Duplicate GPU detected|device not set", re.I),
      "each rank must use its own GPU: torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) "
      "before creating tensors or the process group."),
+    (re.compile(r"ncclInvalidUsage|NCCL error.*invalid usage", re.I),  # NCCL's reason not in the text
+     "NCCL calls this invalid usage, most often two ranks on one GPU: each rank must use its own GPU "
+     "(torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) first); --env NCCL_DEBUG=WARN prints NCCL's reason."),
     # GPU code on a machine or a torch build without CUDA (the unchanged tutorials, on a laptop)
     (re.compile(r"has no attribute '_cuda_setDevice'"),
      "this torch is a CPU build, so torch.cuda.set_device(...) cannot run: on CPU drop the line "

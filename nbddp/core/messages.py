@@ -18,6 +18,7 @@ RETURN_ERROR = "return_error"  # that value could not be pickled: (one-line reas
 PULLED = "pulled"              # --pull names this rank has: ({name: value}[, {name: why not sent}])
 DISPLAY = "display"            # display() / plt.show() in the rank: (mime bundle dict)
 FAKE = "fake"                  # --fake: what the rank holds and sent (nbddp/core/fakereport.py's data)
+GPU_MEMORY = "gpu_memory"      # the cell used CUDA: ([per device: nbddp/rank/gpumemory.py's measure()])
 BEGAN = "began"                # a pool rank started the cell just sent (SIGINT is for it now); none
 DONE = "done"                  # a pool rank ended that cell: (DONE_OK | DONE_INTERRUPTED | DONE_ERROR)
 ASK = "ask"                    # the rank reads its stdin (input(), pdb): (ask id, prompt, ASK_INPUT |

@@ -56,6 +56,7 @@ class RankResult:
     blocked_at: str | None = None
     hint: str | None = None
     fake: dict[str, Any] | None = None  # --fake: what the rank holds and sends (nbddp/core/fakereport.py)
+    gpu_memory: list[dict[str, Any]] | None = None  # CUDA memory per device, if the cell used CUDA (core/gpureport.py)
 
     @property
     def ok(self) -> bool:

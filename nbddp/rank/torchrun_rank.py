@@ -24,7 +24,7 @@ from nbddp.core import settings
 from nbddp.core.cellnames import name_cell
 from nbddp.core.exitstates import exit_status
 from nbddp.core.rankfiles import RankFiles
-from nbddp.rank import cellsource, ipytraceback, nostdin, stackwatch
+from nbddp.rank import cellsource, gpumemory, ipytraceback, nostdin, stackwatch
 from nbddp.rank.worker import cell_line
 
 STATUS_DIR_VAR = settings.ELASTIC_DIR  # the internal names: nbddp/core/settings.py
@@ -148,6 +148,7 @@ def main() -> None:
         except Exception:
             pass
     if status_path:
+        status["gpu_memory"] = gpumemory.measure()
         status["exitcode"] = code
         status["ended_at"] = time.time()
         try:

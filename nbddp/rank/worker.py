@@ -25,6 +25,7 @@ from nbddp.rank import (
     asking,
     diffing,
     fakeworld,
+    gpumemory,
     ipytraceback,
     netrecord,
     pushed,
@@ -322,6 +323,7 @@ def _serve(job: RankJob, ctl) -> int:
         release.take()  # a group nbddp closed to release a hung cell is destroyed first
         teardown.release_retired()  # groups earlier cells destroyed (nbddp/rank/teardown.py)
         main.__file__ = sys.argv[0] = cell.path  # this cell's script (nbddp/kernel/cellscript.py)
+        gpumemory.reset_peaks()  # this cell's peak, not the pool's
         status = msg.DONE_OK
         try:
             try:
@@ -348,6 +350,7 @@ def _serve(job: RankJob, ctl) -> int:
                 stream.flush()
             except Exception:
                 pass
+        _send_gpu_memory(ctl)
         _send(ctl, (msg.DONE, status))
 
 
@@ -438,7 +441,14 @@ def _send_pulled(ctl, namespace: dict, names) -> None:
     _send(ctl, (msg.PULLED, {}, errors))
 
 
+def _send_gpu_memory(ctl) -> None:
+    used = gpumemory.measure()
+    if used:
+        _send(ctl, (msg.GPU_MEMORY, used))
+
+
 def _finish(ctl, code: int) -> None:
+    _send_gpu_memory(ctl)
     _send(ctl, (msg.FINISHED, code))  # the cell is over; what follows is the process's exit
     try:
         threading_shutdown = getattr(threading, "_shutdown", None)

@@ -226,6 +226,8 @@ class RankProcs:
             res.value = message[1]
         elif kind == msg.FAKE:
             res.fake = message[1]
+        elif kind == msg.GPU_MEMORY:
+            res.gpu_memory = message[1]
         elif kind == msg.PULLED:  # the names it has; then, if any could not be sent, why not
             res.pulled.update(message[1])
             res.pull_errors.update(message[2] if len(message) > 2 else {})

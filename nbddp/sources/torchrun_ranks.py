@@ -2,8 +2,8 @@
 
 The status-file protocol (written by nbddp/rank/torchrun_rank.py, atomically, in the launch's
 status folder): ``rank{N}.json`` holds ``rank``, ``local_rank``, ``node_rank``, ``pid``, ``host``,
-``restart`` and ``started_at`` once the rank starts, and ``exitcode``, ``ended_at`` and (when the
-cell raised) ``exception`` (``type``, ``message``, ``traceback``, ``cell_line``) once it ends;
+``restart`` and ``started_at`` once the rank starts, and ``exitcode``, ``ended_at``, ``gpu_memory``
+and (if the cell raised) ``exception`` (``type``, ``message``, ``traceback``, ``cell_line``) at its end;
 ``rank{N}.sigint`` appears when SIGINT reached the cell's Python code (its handler runs);
 ``rank{N}.stacks`` is where it writes its Python stacks when asked.
 
@@ -122,7 +122,7 @@ class TorchrunRanks:
                 res.exception, res.cause = None, ""
                 self.emit("rank_started", res)
             if "exitcode" in status and (old is None or "exitcode" not in old):
-                res.exception = status.get("exception")
+                res.exception, res.gpu_memory = status.get("exception"), status.get("gpu_memory")
                 self.end(res, status["exitcode"], stop, sent, status.get("ended_at"))
         for s in self.live().values():  # died without a word (a signal): torchrun tells how at the end
             if s["pid"] not in self.gone_at and s.get("host") == self.here and not running(s["pid"]):

@@ -12,7 +12,7 @@ import html
 import time
 from collections import deque
 
-from nbddp.core import summary
+from nbddp.core import gpureport, summary
 from nbddp.core.diagnosis import final_notes
 from nbddp.core.result import KILLED, OK, RUNNING, STARTING, RunResult, signal_name
 from nbddp.core.samelines import SameLines
@@ -368,6 +368,7 @@ def render_text(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
             if r.cause:
                 line += f" — {r.cause}"
             out.append(line)
+    out += [summary.wrapped(line) for line in gpureport.lines(result.ranks)]
     for note in ([] if streamed else final_notes(collector.notes)):   # text mode streamed each note
         out.append(summary.wrapped(f"note: {note}"))
     if result.remote:
@@ -482,6 +483,9 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
         if cause and (not folded or state in CAUSING):
             out.append(f'<div class="nbddp-cause" style="color:{ERROR_TEXT}">{html.escape(summary.label(ranks))}: '
                        f'{html.escape(cause)}</div>')
+    gpu = gpureport.lines(result.ranks)
+    if gpu:
+        out.append(f'<pre class="nbddp-gpu" style="{PRE_STYLE};color:{MUTED}">{html.escape(chr(10).join(gpu))}</pre>')
     for note in () if streamed else final_notes(collector.notes):
         out.append(f'<pre style="{PRE_STYLE};color:{WARN_TEXT}">{html.escape(note)}</pre>')
     if result.remote:

@@ -32,6 +32,10 @@ REAL_TEXTS = {
     "duplicate": "NCCL error: invalid usage, NCCL version 2.21.5\nncclInvalidUsage: This usually "
                  "reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : "
                  "rank 1 and rank 0 both on CUDA device 1000",
+    # the same without NCCL's last error (torch's NCCLUtils.cpp words; this machine has no NCCL)
+    "invalid_usage": "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, invalid usage "
+                     "(run with NCCL_DEBUG=WARN for details), NCCL version 2.27.5\nncclInvalidUsage: This "
+                     "usually reflects invalid usage of NCCL library.",
     "no_nccl": "Distributed package doesn't have NCCL built in",
     "no_cuda": "Torch not compiled with CUDA enabled",
     # unchanged GPU code on this CPU build (tests/kernel/test_cell_script.py runs each snippet for real)
@@ -76,6 +80,7 @@ EXPECTED = {  # a phrase the hint for each text must contain
     "oom": "ran out of memory",
     "ordinal": "its own GPU",
     "duplicate": "its own GPU",
+    "invalid_usage": "NCCL_DEBUG=WARN prints NCCL's reason",
     "no_nccl": "use gloo",
     "no_cuda": "this torch is a CPU build, so .cuda()",
     "set_device": "torch.cuda.set_device(...) cannot run",

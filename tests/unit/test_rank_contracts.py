@@ -75,7 +75,7 @@ def test_message_kinds_are_distinct_plain_strings():
     assert all(type(v) is str for v in kinds.values())
     payloads = ("NO_FRONTEND", "NOT_FIRST")  # and DONE_*, ASK_*: values inside a message
     pipe = [v for k, v in kinds.items() if not k.startswith(("DONE_", "ASK_")) and k not in payloads]
-    assert len(pipe) == len(set(pipe)) == 18
+    assert len(pipe) == len(set(pipe)) == 19
     asked = [msg.ASK_INPUT, msg.ASK_DEBUGGER, msg.ASK_POST_MORTEM, msg.NO_FRONTEND, msg.NOT_FIRST]
     assert len(set(asked)) == len(asked)
 
