@@ -75,6 +75,9 @@ EXAMPLES = {
         "RuntimeError: [gloo/transport/tcp/pair.cc:…] op.preamble.length <= op.nbytes. 8 vs 4",
     "invalid device ordinal|Duplicate GPU detected|device not set":
         "torch.AcceleratorError: CUDA error: invalid device ordinal",
+    "ncclInvalidUsage|NCCL error.*invalid usage":
+        "torch.distributed.DistBackendError: NCCL error in: …/NCCLUtils.cpp:77, invalid usage (run with "
+        "NCCL_DEBUG=WARN for details), NCCL version 2.27.5",
     "device_id \\S+ does not match the current compilation's accelerator support|device_id is an int, but no "
     "accelerator support|device_id parameter must be an accelerator":
         "ValueError: device_id cuda:0 does not match the current compilation's accelerator support: None.",

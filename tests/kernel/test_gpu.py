@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from support.helpers import wait_gone
@@ -93,6 +94,18 @@ def _back_to(baseline: list[int], slack_mib: int = 64, timeout: float = 20) -> l
             return now
 
 
+def _compute_pids() -> set[int]:
+    """The pids nvidia-smi says hold a CUDA context (none where a container hides them)."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    return {int(v) for v in out.stdout.split() if v.isdigit()}
+
+
+def _under(kernel) -> set[int]:
+    """Every process the kernel started, nbddp's forkserver and ranks included, at any depth."""
+    return {p.pid for p in psutil.Process(kernel.pid).children(recursive=True)}
+
+
 def _rank_pids(kernel) -> list[int]:
     return json.loads(kernel.ok("import json; print(json.dumps([r.pid for r in _ddp.ranks]))").stdout)
 
@@ -119,6 +132,8 @@ def cuda_kernel(tmp_path):
     try:
         k.execute("%ddp_pool stop")
         left = _back_to(baseline)
+        holding = _compute_pids() & _under(k)
+        assert not holding, f"processes the kernel started still hold a CUDA context: {holding}"
         grew = [n - b for n, b in zip(left, baseline, strict=True)]
         assert max(grew) <= 64, f"GPU memory {left} MiB after the test, {baseline} before: a rank still holds it"
     finally:
@@ -167,6 +182,8 @@ def test_the_pool_keeps_cuda_tensors_across_cells_and_reports_each_cells_peak(cu
          "w = torch.ones(1024, 1024, device='cuda')\nbig = torch.empty(16 * 1024 * 1024, device='cuda'); del big")
     pool_pids = json.loads(k.ok("import json; _p = type(get_ipython().find_magic('ddp_pool').__self__).pool\n"
                                 "print(json.dumps([r.result.pid for r in _p.ranks]))").stdout)
+    if k.pid in _compute_pids():  # nvidia-smi sees this pid namespace: it must name the pool's rank too
+        assert set(pool_pids) <= _compute_pids(), (pool_pids, _compute_pids())
     reply = k.ok("%%ddp\ndist.all_reduce(w)\nprint('sum', w.sum().item(), 'held', torch.cuda.memory_allocated())")
     held = int(re.search(r"held (\d+)", reply.stdout)[1])
     assert "sum 1048576.0" in reply.stdout and held >= 4 * MiB
