@@ -484,8 +484,11 @@ def render_html(collector: Collector, lines_per_rank: int = TRANSCRIPT_LINES, st
             out.append(f'<div class="nbddp-cause" style="color:{ERROR_TEXT}">{html.escape(summary.label(ranks))}: '
                        f'{html.escape(cause)}</div>')
     gpu = gpureport.lines(result.ranks)
-    if gpu:
-        out.append(f'<pre class="nbddp-gpu" style="{PRE_STYLE};color:{MUTED}">{html.escape(chr(10).join(gpu))}</pre>')
+    if gpu:  # the figures muted, a note on a shared GPU as nbddp's other notes
+        figures, notes = [x for x in gpu if not x.startswith("note:")], [x for x in gpu if x.startswith("note:")]
+        shown = html.escape("\n".join(figures))
+        out.append(f'<pre class="nbddp-gpu" style="{PRE_STYLE};color:{MUTED}">{shown}</pre>')
+        out += [f'<pre style="{PRE_STYLE};color:{WARN_TEXT}">{html.escape(n)}</pre>' for n in notes]
     for note in () if streamed else final_notes(collector.notes):
         out.append(f'<pre style="{PRE_STYLE};color:{WARN_TEXT}">{html.escape(note)}</pre>')
     if result.remote:

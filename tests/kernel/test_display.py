@@ -265,6 +265,35 @@ import time; time.sleep(30)
     assert r.stdout.split() == ["failed", "1", "True"]
 
 
+# torch.cuda's memory API as a GPU rank's would answer (this CPU build has none; tests/kernel/
+# test_gpu.py reads the real one on a GPU): what nbddp's rank reads at a cell's end, nothing else.
+CUDA_READINGS = """import os, torch
+r = int(os.environ["LOCAL_RANK"])
+stats = {"allocated_bytes.all.peak": (64 + r) << 20, "allocated_bytes.all.current": 4 << 20,
+         "reserved_bytes.all.current": 80 << 20}
+torch.cuda.is_initialized = lambda: True
+torch.cuda.device_count = lambda: 2
+torch.cuda.memory_stats = lambda i: stats if i == 0 else {}
+"""
+
+
+def test_a_ranks_cuda_memory_reaches_the_report_and_ddp_from_its_own_ranks_and_torchruns(kernel):
+    def report(reply):  # the transcript a text-mode cell shows once its ranks have ended
+        return "".join(o.get("data", {}).get("text/plain", "") for o in reply.outputs)
+
+    text = report(kernel.ok("%%ddp -n 2 --output text\n" + CUDA_READINGS))
+    lines = text.splitlines()
+    assert "  rank 0: cuda:0 peak 64 MiB, 4 MiB held at the end" in lines, text
+    assert "  rank 1: cuda:0 peak 65 MiB, 4 MiB held at the end" in lines
+    assert any(x.startswith("note: ranks 0–1 all allocated on GPU 0") for x in lines)  # two GPUs, one used
+    got = kernel.ok("print(_ddp.ranks[1].gpu_memory)").stdout
+    assert "'peak': 68157440" in got and "'device': 0" in got and "'count': 2" in got, got
+    text = report(kernel.ok("%%ddp -n 1 --launcher torchrun --output text --env CUDA_VISIBLE_DEVICES=3,5\n"
+                            + CUDA_READINGS))
+    assert "rank 0: cuda:0 (GPU 3) peak 64 MiB, 4 MiB held at the end" in text, text
+    assert "GPU memory" not in report(kernel.ok("%%ddp -n 1 --output text\nimport torch"))
+
+
 def test_steady_flood_of_long_lines_is_rate_limited(kernel):
     """Long lines make every pane ~1 MB of HTML: updates must stay within a byte rate, not only
     a message rate (before the token bucket this sent ~5 MB/s for two ranks)."""

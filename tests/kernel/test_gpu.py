@@ -110,6 +110,11 @@ def _rank_pids(kernel) -> list[int]:
     return json.loads(kernel.ok("import json; print(json.dumps([r.pid for r in _ddp.ranks]))").stdout)
 
 
+def _report(reply) -> str:
+    """What a text-mode cell showed: the ranks' lines, then the transcript of their states."""
+    return reply.stdout + "".join(o.get("data", {}).get("text/plain", "") for o in reply.outputs)
+
+
 def _gpu_memory(kernel):
     """What the last cell's rank 0 reported of its CUDA memory (RankResult.gpu_memory)."""
     return json.loads(kernel.ok("import json; print(json.dumps(_ddp.ranks[0].gpu_memory))").stdout)
@@ -145,7 +150,8 @@ def test_a_notebook_that_touched_cuda_first_trains_on_nccl_as_torchrun_does(cuda
     assert "on cuda:0 nccl name __main__" in reply.stdout, reply.text
     ours = re.search(r"losses (\S+) (\S+)", reply.stdout)
     assert ours and float(ours[2]) < float(ours[1]) / 2, reply.stdout
-    assert re.search(r"rank 0: cuda:0 peak [\d.]+ [KM]iB, [\d.]+ [KM]iB held at the end", reply.stdout), reply.stdout
+    shown = _report(reply)
+    assert re.search(r"rank 0: cuda:0 peak [\d.]+ [KM]iB, [\d.]+ [KM]iB held at the end", shown), shown
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     theirs = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
@@ -159,10 +165,11 @@ def test_two_ranks_on_one_gpu_get_a_line_not_a_wall_of_nccl(cuda_kernel):
     k = cuda_kernel
     refused = k.execute("%%ddp -n 2 --gpus 0 --backend nccl\npass")
     assert refused.status == "error"
-    assert "2 ranks per node but 1 GPU chosen (nccl needs one GPU per rank)" in refused.text + str(refused.outputs)
+    said = " ".join((refused.text + str(refused.outputs)).split())
+    assert "2 ranks per node but 1 GPU chosen (nccl needs one GPU per rank)" in said, said
     auto = k.ok("%%ddp -n 2 --gpus 0 --output text\nimport torch.distributed as dist, nbddp\n"
                 "dist.init_process_group(nbddp.backend()); print('backend', dist.get_backend())")
-    assert "backend hint gloo, not nccl: 2 ranks per node but 1 GPU chosen" in auto.stdout
+    assert "backend hint gloo, not nccl: 2 ranks per node but 1 GPU chosen" in " ".join(auto.text.split())
     assert auto.stdout.count("backend gloo") >= 3  # the launch line and each rank
     # the cell insists on nccl with both ranks on cuda:0, as code without set_device does
     dup = k.execute("%%ddp -n 2 --gpus 0 --backend gloo --output text --timeout 180\n"
@@ -203,7 +210,7 @@ def test_gpus_picks_the_device_through_cuda_visible_devices(cuda_kernel):
                            "print('visible', os.environ['CUDA_VISIBLE_DEVICES'], 'count', torch.cuda.device_count())")
     assert f"visible {expected} count 1" in reply.stdout, reply.stdout
     name = "cuda:0" if expected == "0" else f"cuda:0 (GPU {expected})"
-    assert f"rank 0: {name} peak" in reply.stdout, reply.stdout
+    assert f"rank 0: {name} peak" in _report(reply), _report(reply)
 
 
 def test_each_ranks_cuda_memory_is_reported_to_the_byte_and_freed_with_it(cuda_kernel):
@@ -215,7 +222,7 @@ def test_each_ranks_cuda_memory_is_reported_to_the_byte_and_freed_with_it(cuda_k
     pids = _rank_pids(k)
     assert not wait_gone(pids, 10)
     cpu = k.ok("%%ddp -n 1 --output text\nimport torch\nprint(torch.ones(2).sum())")
-    assert "GPU memory" not in cpu.stdout  # a rank that never touched CUDA says nothing of it
+    assert "GPU memory" not in _report(cpu)  # a rank that never touched CUDA says nothing of it
     assert _gpu_memory(k) is None
 
 

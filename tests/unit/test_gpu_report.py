@@ -56,7 +56,7 @@ def test_two_ranks_of_a_node_on_one_gpu_is_the_missing_set_device():
 
 
 def test_both_views_show_the_lines_under_the_states():
-    ranks = _ranks([[_used(0, 64, 16)], [_used(1, 64)]])
+    ranks = _ranks([[_used(0, 64, 16)], [_used(0, 64)]])
     for r in ranks:
         r.started_at, r.ended_at, r.exitcode = 100.0, 101.0, 0
     result = RunResult(ranks=ranks, world_size=2, log_dir="/tmp/logs", started_at=100.0, ended_at=101.5)
@@ -66,4 +66,6 @@ def test_both_views_show_the_lines_under_the_states():
     c.launch_finished(result)
     text, page = transcript.render_text(c), transcript.render_html(c)
     assert text.index("rank 1: ok") < text.index("rank 0: cuda:0 peak 64 MiB, 16 MiB held at the end")
-    assert "rank 1: cuda:1 peak 64 MiB" in page and 'class="nbddp-gpu"' in page
+    assert "rank 1: cuda:0 peak 64 MiB" in page and 'class="nbddp-gpu"' in page
+    note = page[page.index("note: ranks 0–1 all allocated on GPU 0"):]
+    assert page[:page.index(note)].rsplit("<pre", 1)[1].count(transcript.WARN_TEXT) == 1  # a warning's colour
