@@ -10,7 +10,7 @@
 # Rule of thumb: `"nccl"` for GPUs, one per rank; `"gloo"` for CPU. `nbddp.backend()` in a rank returns the
 # backend its launch was made for: `%%ddp`'s default `--backend auto` means nccl where every rank of a machine
 # has a GPU of its own, and gloo where there are none or fewer GPUs than ranks (NCCL refuses two ranks on
-# one GPU), and it says why; `%%ddp --backend` asks for one.
+# one GPU; the launch line then says so); `%%ddp --backend` asks for one.
 
 # %% parameters tags=["parameters"]
 world_size = 2
