@@ -4,12 +4,21 @@
     python notebooks/executed.py 03_p2p_and_collectives   # ... or only these
     # reuse the copies tests/kernel/test_notebooks.py just executed:
     python notebooks/executed.py --from artifacts/notebooks
+    # on a machine with CUDA: the lessons' GPU cells run, into docs/lessons/gpu/NN_name.ipynb
+    python notebooks/executed.py --gpu                            # every lesson in GPU_LESSONS
+    python notebooks/executed.py --gpu 04_single_device_to_ddp    # ... or only these
 
 GitHub and nbviewer show a notebook's outputs: the plots, the ranks' transcripts, the results. A
 copy is scrubbed of what belongs to the machine that ran it (its folders, home, interpreter, host
 name, process ids) and of papermill's timings, so it reads the same wherever it was made.
 tests/unit/test_lesson_sources.py checks that every lesson has a copy of its current cells, with no machine
 path in it.
+
+The copies in docs/lessons/ ran on CPU, where a lesson's GPU cells print why they were skipped. The
+lessons in GPU_LESSONS have such cells (tests/unit/test_lesson_gpu_paths.py finds them); ``--gpu``
+runs those lessons on a machine with CUDA into docs/lessons/gpu/, scrubbed the same way, with the
+GPUs that ran them in the copy's metadata (``gpu_run``), and writes none whose one-GPU cells were
+skipped. The docs page "GPU runs" (docs/tutorials/gpu.md) lists the copies that exist.
 """
 from __future__ import annotations
 
@@ -28,6 +37,11 @@ import nbformat
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DOCS = os.path.join(ROOT, "docs", "lessons")
+GPU_DOCS = os.path.join(DOCS, "gpu")
+# The lessons with cells that run only with CUDA (what each shows: docs/tutorials/gpu.md).
+GPU_LESSONS = ("04_single_device_to_ddp", "08_no_sync_and_mixed_precision", "09_backends", "12_ddp_under_the_hood")
+# What a lesson's one-rank GPU cell prints without CUDA (a cell needing a GPU per rank may skip on one GPU).
+NO_CUDA = "skipped: no CUDA GPU here"
 KERNEL = "nbddp-lessons"
 
 # A lesson runs in a scratch folder (papermill's cwd): the paths under it are the lesson's own.
@@ -173,9 +187,42 @@ def machine_paths(nb: nbformat.NotebookNode) -> list[str]:
     return found
 
 
-def write_copy(executed: str, name: str, docs: str = DOCS) -> str:
-    os.makedirs(docs, exist_ok=True)
+class NotAGpuRun(ValueError):
+    """An executed lesson that is no GPU run of it (``gpu_run_problems``), so no GPU copy is written."""
+
+
+def gpu_run_problems(nb: nbformat.NotebookNode) -> list[str]:
+    """What makes an executed notebook no GPU run of its lesson: no ``gpu_run`` metadata (the GPUs it
+    ran on), an error, or a GPU cell that said it found no CUDA (empty for a good copy)."""
+    problems = []
+    run = nb.metadata.get("gpu_run", {})
+    if not (isinstance(run.get("gpus"), int) and run["gpus"] >= 1 and run.get("names")):
+        problems.append(f"no GPUs recorded in its metadata (gpu_run: {run!r})")
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                problems.append(f"cell {cell.get('id')}: {output.get('ename')}: {str(output.get('evalue'))[:200]}")
+            elif NO_CUDA in json.dumps(output):
+                problems.append(f"cell {cell.get('id')}: {NO_CUDA!r}: it ran without CUDA")
+    return problems
+
+
+def _cuda_here() -> dict:
+    """The GPUs this machine's torch sees, for a GPU copy's ``gpu_run`` metadata."""
+    import torch
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"gpus": count, "names": sorted({torch.cuda.get_device_name(i) for i in range(count)}),
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def write_copy(executed: str, name: str, docs: str = DOCS, gpu_run: dict | None = None) -> str:
     nb = scrub(nbformat.read(executed, as_version=4))
+    if gpu_run is not None:
+        nb.metadata["gpu_run"] = gpu_run
+        problems = gpu_run_problems(nb)
+        if problems:
+            raise NotAGpuRun(f"{name}: not written to {os.path.relpath(docs)}: " + "; ".join(problems))
+    os.makedirs(docs, exist_ok=True)
     path = os.path.join(docs, name)
     with open(path, "w", encoding="utf-8") as f:
         f.write(nbformat.writes(nb) + "\n")
@@ -184,11 +231,22 @@ def write_copy(executed: str, name: str, docs: str = DOCS) -> str:
 
 def main(argv: list[str]) -> int:
     names = sorted(n for n in os.listdir(HERE) if re.fullmatch(r"\d\d_.*\.ipynb", n))
-    source = None
+    source, gpu_run, docs = None, None, DOCS
+    if "--gpu" in argv:
+        argv = [a for a in argv if a != "--gpu"]
+        gpu_run, docs = _cuda_here(), GPU_DOCS
+        if not gpu_run["gpus"]:
+            print("--gpu: this torch sees no CUDA GPU (the GPU copies are made on a machine with one)")
+            return 1
+        names = [n for n in names if n[:-6] in GPU_LESSONS]
     if argv[:1] == ["--from"]:
         source, argv = argv[1], argv[2:]
+    if gpu_run is not None and [a for a in argv if a.removesuffix(".ipynb") not in GPU_LESSONS]:
+        print(f"--gpu: only these lessons have GPU cells: {', '.join(GPU_LESSONS)}")
+        return 1
     if argv:
         names = [n for n in names if n[:-6] in argv or n in argv]
+    refused = []
     with (tempfile.TemporaryDirectory(prefix="nbddp-lessons-") as tmp,
           interpreter_kernel(os.path.join(tmp, "jupyter")) as kernel):
         for name in names:
@@ -197,8 +255,12 @@ def main(argv: list[str]) -> int:
                 scratch = os.path.join(tmp, "lesson-" + name[:2])   # the lesson's files stay out of the repository
                 os.makedirs(scratch)
                 execute(os.path.join(HERE, name), executed, kernel, scratch)
-            print("wrote", os.path.relpath(write_copy(executed, name)))
-    return 0
+            try:
+                print("wrote", os.path.relpath(write_copy(executed, name, docs, gpu_run)))
+            except NotAGpuRun as exc:
+                print(exc)
+                refused.append(name)
+    return 1 if refused else 0
 
 
 if __name__ == "__main__":

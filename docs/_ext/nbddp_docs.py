@@ -8,21 +8,29 @@ Directives (used in docs/reference/*.md and docs/tutorials/index.md):
 ``{nbddp-hints}``     every hint nbddp gives (nbddp.core.diagnosis.HINTS and the private-network hint),
                       with the error text that triggers it
 ``{nbddp-lessons}``   the lessons (docs/lessons/*.ipynb), each with its page and how to open it
+``{nbddp-gpu-runs}``  the lessons with GPU cells (notebooks/executed.py's GPU_LESSONS), each with its run on
+                      a GPU (docs/lessons/gpu/NN_name.ipynb) where one was made, or how to make it; and a
+                      hidden toctree of the runs that exist (none: no toctree, so no empty glob)
 
 Each lesson page (lessons/*.ipynb) also gets, at its top, how to open it in JupyterLab (and on
-Binder, where ``nbddp_binder_repo`` in conf.py names the repository).
+Binder, where ``nbddp_binder_repo`` in conf.py names the repository); a lesson with GPU cells, where its
+run on a GPU is (or the page GPU runs, while there is none), and a GPU run, which lesson it is.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
+import importlib.util
 import json
 import os
 import shutil
 
 from docutils import nodes
 from docutils.parsers.rst import Directive
+from docutils.statemachine import StringList
 from sphinx import addnodes
+from sphinx.directives.other import TocTree
 
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "notebooks")
 
@@ -271,12 +279,99 @@ def lessons(srcdir: str) -> list[tuple[str, str]]:
     return found
 
 
-def _open_here(app, name: str) -> nodes.paragraph:
-    """How to open lesson ``name``: JupyterLab from a checkout, and Binder where configured."""
+@functools.cache
+def _gpu_lessons() -> tuple[str, ...]:
+    """notebooks/executed.py's GPU_LESSONS: the lessons with cells that run only with CUDA."""
+    spec = importlib.util.spec_from_file_location("lessons_executed", os.path.join(NOTEBOOKS, "executed.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return tuple(module.GPU_LESSONS)
+
+
+GPU_PAGE = "/tutorials/gpu"
+
+
+def gpu_runs(env) -> dict[str, dict]:
+    """The runs on a GPU that exist (lessons/gpu/NAME among the site's documents): name -> its gpu_run metadata."""
+    found = {}
+    for docname in sorted(env.found_docs):
+        if docname.startswith("lessons/gpu/"):
+            name = docname.rsplit("/", 1)[1]
+            with open(os.path.join(env.srcdir, docname + ".ipynb")) as f:
+                found[name] = json.load(f)["metadata"].get("gpu_run", {})
+    return found
+
+
+def _machine(run: dict) -> str:
+    names = " + ".join(run.get("names", [])) or "a GPU"
+    return f"{run.get('gpus', '?')} × {names}, torch {run.get('torch', '?')}"
+
+
+class GpuRunsDirective(Directive):
+    has_content = False
+
+    def run(self):
+        env = self.state.document.settings.env
+        runs = gpu_runs(env)
+        rows = []
+        for name in _gpu_lessons():
+            if name in runs:
+                made = _entry(_doc_ref(f"/lessons/gpu/{name}", short=True), f" (ran on {_machine(runs[name])})")
+            else:
+                command = f"python notebooks/executed.py --gpu {name}"
+                made = _entry("not made yet: ", _text(command, True))
+            rows.append([_entry(_doc_ref(f"/lessons/{name}")), made])
+        return [_table(["lesson (its run on CPU)", "its run on a GPU"], rows, [50, 50], "gpu-runs-table")]
+
+
+class GpuToctreeDirective(TocTree):
+    """A hidden toctree of the GPU runs that exist; nothing where there are none."""
+
+    has_content = False
+    option_spec = {}
+
+    def run(self):
+        names = gpu_runs(self.env)
+        if not names:
+            return []
+        self.content = StringList([f"/lessons/gpu/{name}" for name in names])
+        self.options = {"hidden": True, "maxdepth": 1}
+        return super().run()
+
+
+def _gpu_line(app, docname: str) -> nodes.paragraph | None:
+    """For a lesson with GPU cells, where its run on a GPU is; for a GPU run, which lesson it is."""
+    name = docname.rsplit("/", 1)[1]
+    if name not in _gpu_lessons():
+        return None
+    para = nodes.paragraph(classes=["nbddp-gpu"])
+    runs = gpu_runs(app.env)
+    if docname.startswith("lessons/gpu/"):
+        para += nodes.Text(f"This is the lesson as it ran on a GPU ({_machine(runs.get(name, {}))}); ")
+        para += _doc_ref(f"/lessons/{name}", short=True)
+        para += nodes.Text(" is its run on CPU, and ")
+        para += _doc_ref(GPU_PAGE)
+        para += nodes.Text(" lists the others.")
+    elif name in runs:
+        para += nodes.Text("This page ran on CPU, where the cells that need CUDA say they were skipped; its run "
+                           "on a GPU: ")
+        para += _doc_ref(f"/lessons/gpu/{name}", short=True)
+        para += nodes.Text(".")
+    else:
+        para += nodes.Text("This page ran on CPU, where the cells that need CUDA say they were skipped; no run on "
+                           "a GPU is here yet (")
+        para += _doc_ref(GPU_PAGE)
+        para += nodes.Text(" says how one is made).")
+    return para
+
+
+def _open_here(app, name: str, up: str = "../") -> nodes.paragraph:
+    """How to open lesson ``name``: JupyterLab from a checkout, and Binder where configured (``up``: from
+    the page to the site's top)."""
     para = nodes.paragraph(classes=["nbddp-open"])
     para += nodes.Text("Open it to run: ")
     if os.path.exists(os.path.join(NOTEBOOKS, f"{name}.ipynb")):
-        para += nodes.reference("", "download the notebook", refuri=f"../notebooks/{name}.ipynb")
+        para += nodes.reference("", "download the notebook", refuri=f"{up}notebooks/{name}.ipynb")
         para += nodes.Text(" and open it in JupyterLab, or ")
     command = f"jupyter lab notebooks/{name}.ipynb"
     para += nodes.literal(command, command)
@@ -308,12 +403,21 @@ def add_open_line(app, doctree):
     docname = app.env.docname
     if not docname.startswith("lessons/"):
         return
-    name = docname.split("/", 1)[1]
+    name = docname.rsplit("/", 1)[1]
     for section in doctree.findall(nodes.section):
         title = next(iter(section.findall(nodes.title)), None)
         index = section.index(title) + 1 if title is not None else 0
-        section.insert(index, _open_here(app, name))
+        section.insert(index, _open_here(app, name, "../" * docname.count("/")))
+        gpu = _gpu_line(app, docname)
+        if gpu is not None:
+            section.insert(index + 1, gpu)
         return
+
+
+def reread_gpu_pages(app, env, added, changed, removed):
+    """The pages that say which GPU runs exist are read again on every build (a run added or removed
+    changes them, not their sources)."""
+    return [GPU_PAGE.lstrip("/"), *(f"lessons/{name}" for name in _gpu_lessons())]
 
 
 def copy_notebooks(app, exception):
@@ -333,6 +437,9 @@ def setup(app):
     app.add_directive("nbddp-magics", MagicsDirective)
     app.add_directive("nbddp-hints", HintsDirective)
     app.add_directive("nbddp-lessons", LessonsDirective)
+    app.add_directive("nbddp-gpu-runs", GpuRunsDirective)
+    app.add_directive("nbddp-gpu-toctree", GpuToctreeDirective)
     app.connect("doctree-read", add_open_line)
+    app.connect("env-get-outdated", reread_gpu_pages)
     app.connect("build-finished", copy_notebooks)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -3,7 +3,7 @@
 #
 # First a plain training script on one device. Then the same script made distributed, step by step:
 # 1. read `LOCAL_RANK` from the environment (argparse default), not from a launcher argument;
-# 2. `torch.cuda.set_device(local_rank)` — **only with GPUs**, and **first**, before anything touches CUDA or
+# 2. `torch.cuda.set_device(local_rank)` — **only with a GPU per rank**, and **first**, before anything touches CUDA or
 #    the process group. Not because `init_process_group` puts NCCL on the current device: without `device_id=`
 #    it is lazy, and NCCL builds its communicator at the first collective, on that tensor's device. What does
 #    use the *current* device — `cuda:0` on a rank that has not bound yet — is `dist.barrier()` in a group
@@ -14,7 +14,10 @@
 #    `init_process_group`: fine while nothing in between touches CUDA, but one barrier or `.cuda()` there and
 #    every rank holds memory on GPU 0; binding first leaves no such gap. `init_process_group(..., device_id=torch.device("cuda", local_rank))`
 #    (torch ≥ 2.3) binds the group too: barrier uses that device, and NCCL connects at once, so a broken
-#    setup fails in `init_process_group`, not at the first collective;
+#    setup fails in `init_process_group`, not at the first collective. *A GPU per rank*: with fewer GPUs on
+#    the machine than ranks on it (`LOCAL_WORLD_SIZE`), `set_device` past the last GPU fails ("invalid
+#    device ordinal") and NCCL refuses two ranks on one GPU, so the script below trains on CPU with gloo
+#    then, as `%%ddp`'s default `--backend auto` does;
 # 3. `dist.init_process_group(backend, init_method="env://")` — rank, world size and meeting point come from
 #    the variables the launcher set;
 # 4. wrap the model: `DDP(model, device_ids=[local_rank])` (no `device_ids` on CPU); DDP copies rank 0's
@@ -99,7 +102,8 @@ parser.add_argument("--local-rank", "--local_rank", type=int,                  #
                     default=int(os.environ.get("LOCAL_RANK", 0)))
 args = parser.parse_args()
 
-use_cuda = torch.cuda.is_available()
+local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))                       # ranks on this machine
+use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks   # a GPU per rank, or CPU
 if use_cuda:                                                                    # (2) GPU only, first
     torch.cuda.set_device(args.local_rank)
 device = torch.device("cuda", args.local_rank) if use_cuda else torch.device("cpu")
@@ -192,6 +196,55 @@ except DDPUsageError as exc:   # a ValueError; %%ddp shows it as a UsageError
     too_many = str(exc)
 print("-n 8 --backend nccl on 4 GPUs:", too_many)
 
+# %% on-a-gpu [markdown]
+# ### On a GPU: one rank, bound to its device
+# This cell needs CUDA; without it, it says so and does nothing (its run on a GPU machine is
+# `docs/lessons/gpu/04_single_device_to_ddp.ipynb`, listed on the docs page *GPU runs*). One rank on one GPU
+# shows steps 2–4 for real: `set_device` first, `init_process_group("nccl", device_id=...)` bound to the
+# rank's device (NCCL connects inside the call), the model's memory on `cuda:LOCAL_RANK`
+# (`torch.cuda.memory_allocated` counts the bytes of this process's tensors on a device: at least the
+# parameters' 2,600), and DDP with `device_ids=[local_rank]`, its gradients on the same device.
+#
+# What one GPU cannot show: ranks on **different** GPUs. Section 2's script on a machine with a GPU per
+# rank (`-n` up to `torch.cuda.device_count()`) takes its `use_cuda` branch: rank *r* binds `cuda:r`, its
+# tensors are counted by `torch.cuda.memory_allocated(r)`, and NCCL all-reduces the gradients between the
+# GPUs. On a machine with one GPU, section 2's `-n 2` cell trains on CPU with gloo, as without a GPU.
+
+# %% on-a-gpu-ddp
+# %%ddp -n 1 --timeout 60 --pull gpu_run@0
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+gpu_run = None
+if not torch.cuda.is_available():
+    print("skipped: no CUDA GPU here (its run on a GPU: docs/lessons/gpu/04_single_device_to_ddp.ipynb)")
+else:
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)                                # (2) first: the current device is ours
+    dist.init_process_group("nccl", device_id=device)            # (3) bound to it: NCCL connects now
+    before = torch.cuda.memory_allocated(device)
+    model = torch.nn.Linear(64, 10).to(device)
+    on_device = torch.cuda.memory_allocated(device) - before     # the model's bytes on our GPU
+    model = DDP(model, device_ids=[local_rank])                  # (4)
+    model(torch.randn(32, 64, device=device)).sum().backward()   # the all-reduce runs on the GPU (NCCL)
+    gpu_run = {"GPU": torch.cuda.get_device_name(device), "current device": torch.cuda.current_device(),
+               "group bound to": str(dist.group.WORLD.bound_device_id), "backend": dist.get_backend(),
+               "parameters on": str(next(model.parameters()).device), "gradients on": str(model.module.weight.grad.device),
+               "parameter bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+               "memory_allocated for the model": on_device}
+    print(gpu_run)
+    dist.destroy_process_group()
+
+# %% on-a-gpu-code
+if gpu_run is None:
+    print("no GPU here: the cell above was skipped")
+else:
+    assert gpu_run["current device"] == 0 and gpu_run["backend"] == "nccl", gpu_run
+    assert gpu_run["group bound to"] == gpu_run["parameters on"] == gpu_run["gradients on"] == "cuda:0", gpu_run
+    assert gpu_run["memory_allocated for the model"] >= gpu_run["parameter bytes"] == (64 * 10 + 10) * 4, gpu_run
+    print(f"one rank on {gpu_run['GPU']}: bound to cuda:0, the model's {gpu_run['memory_allocated for the model']:,} "
+          "bytes allocated there, DDP's gradients there too")
+
 # %% check [markdown]
 # ## Check
 
@@ -204,7 +257,7 @@ if world_size > 1:
     assert len(set(before_wrap)) == world_size, before_wrap          # each rank made different weights ...
 assert set(after_wrap) == {before_wrap[0]}, after_wrap               # ... and DDP gave all of them rank 0's
 assert keys[0]["model.state_dict()"] == ["module.weight", "module.bias"] and "Missing key" in prefix_error
-ckpt = torch.load(f"{out_dir}/ckpt.pt")
+ckpt = torch.load(f"{out_dir}/ckpt.pt", map_location="cpu")   # (GPU tensors after a run on GPUs)
 assert ckpt["optimizer"]["state"][0]["momentum_buffer"].shape == (10, 64)   # momentum saved with the model
 assert abs(accuracy - single_accuracy) < 0.01 and accuracy > 0.8, (accuracy, single_accuracy)  # it reads digits
 assert os.path.exists(f"{out_dir}/train_ddp.py")
@@ -268,7 +321,7 @@ args = argparse.ArgumentParser(); args.add_argument("--out"); args = args.parse_
 dist.init_process_group("gloo")
 data = TensorDataset(*digits("train"))
 model = torch.nn.Linear(64, 10)
-ckpt = torch.load(f"{args.out}/ckpt.pt")
+ckpt = torch.load(f"{args.out}/ckpt.pt", map_location="cpu")   # saved from cuda:0 after a run on GPUs
 model.load_state_dict(ckpt["model"])
 model = DDP(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -302,7 +355,7 @@ args = argparse.ArgumentParser(); args.add_argument("--out"); args = args.parse_
 dist.init_process_group("gloo")
 data = TensorDataset(*digits("train"))
 model = torch.nn.Linear(64, 10)
-ckpt = torch.load(f"{args.out}/ckpt.pt")
+ckpt = torch.load(f"{args.out}/ckpt.pt", map_location="cpu")   # saved from cuda:0 after a run on GPUs
 model.load_state_dict(ckpt["model"])
 model = DDP(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # the optimizer's state is not loaded

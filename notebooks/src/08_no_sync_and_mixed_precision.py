@@ -11,7 +11,8 @@
 #
 # **Mixed precision** (混合精度): on CPU, `torch.autocast("cpu", dtype=torch.bfloat16)` runs matmuls in
 # bfloat16 while the weights stay float32. The classic recipe is fp16 + `GradScaler` (scales the loss so
-# small fp16 gradients do not underflow); `torch.amp.GradScaler("cpu")` runs it here too (section 3).
+# small fp16 gradients do not underflow); `torch.amp.GradScaler("cpu")` runs it here too (section 3), and
+# section 4 runs it on a GPU where there is one.
 
 # %% parameters tags=["parameters"]
 world_size = 2
@@ -161,19 +162,80 @@ if dist.get_rank() == 0:
 dist.destroy_process_group()
 
 # %% cuda-fp16-gradscaler-runs [markdown]
-# ## 4 · CUDA: fp16 + GradScaler (runs only with one GPU per rank)
+# ## 4 · CUDA: fp16 + `GradScaler` for real
+# The same recipe on a GPU, spelled as torch 2.13 wants it: `torch.autocast("cuda", dtype=torch.float16)` and
+# `torch.amp.GradScaler("cuda")`. These cells need CUDA; without it they say so and do nothing (their run
+# on a GPU machine is `docs/lessons/gpu/08_no_sync_and_mixed_precision.ipynb`, listed on the docs page
+# *GPU runs*). First one rank on one GPU, section 3's run on CUDA: the forward in float16, float32 weights
+# and gradients, the scale starting at 65536, and the step given an infinite loss skipped, the scale halved.
+
+# %% cuda-fp16-gradscaler-one-gpu-ddp
+# %%ddp -n 1 --timeout 60 --pull cuda_scaled@0
+import os, torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+cuda_scaled = None
+if not torch.cuda.is_available():
+    print("skipped: no CUDA GPU here (its run on a GPU: docs/lessons/gpu/08_no_sync_and_mixed_precision.ipynb)")
+else:
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(16, 1).cuda(), device_ids=[local])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cuda")
+    X = torch.randn(256, 16, device="cuda"); y = X[:, :1] * 2
+    cuda_scaled = {"scale at start": scaler.get_scale(), "losses": []}
+    for step in range(30):
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            out = model(X)
+            loss = F.mse_loss(out.float(), y)
+        cuda_scaled["losses"].append(loss.item())
+        if step == 10:
+            loss = loss * float("inf")           # an overflow, on purpose
+            before = model.module.weight.detach().clone()
+            cuda_scaled["scale before the inf step"] = scaler.get_scale()
+        scaler.scale(loss).backward()            # scaled loss: fp16 grads do not underflow
+        scaler.step(opt)                         # unscales; skips the step on inf/nan
+        scaler.update()                          # and then halves the scale
+        if step == 10:
+            cuda_scaled["weights moved on the inf step"] = not torch.equal(before, model.module.weight)
+            cuda_scaled["scale after the inf step"] = scaler.get_scale()
+    p = model.module.weight
+    cuda_scaled.update(out=str(out.dtype), weights=str(p.dtype), grads=str(p.grad.dtype), device=str(p.device))
+    print({k: v for k, v in cuda_scaled.items() if k != "losses"},
+          f"loss {cuda_scaled['losses'][0]:.3f} -> {cuda_scaled['losses'][-1]:.4f}")
+    dist.destroy_process_group()
+
+# %% cuda-fp16-gradscaler-one-gpu-code
+if cuda_scaled is None:
+    print("no GPU here: the cell above was skipped")
+else:
+    c = cuda_scaled
+    assert (c["out"], c["weights"], c["grads"], c["device"]) == ("torch.float16", "torch.float32", "torch.float32", "cuda:0"), c
+    assert c["scale at start"] == 65536.0 and not c["weights moved on the inf step"], c
+    assert c["scale after the inf step"] == c["scale before the inf step"] / 2, c
+    assert c["losses"][-1] < c["losses"][0] / 2, c["losses"]      # fp16 with a GradScaler trains
+    print(f"fp16 on CUDA: loss {c['losses'][0]:.3f} -> {c['losses'][-1]:.4f}, the inf step skipped and the scale halved")
+
+# %% cuda-fp16-gradscaler-runs-note [markdown]
+# Then one rank per GPU, the way DDP is run on GPUs: this cell needs a CUDA GPU for each of its `world_size`
+# ranks (`torch.cuda.device_count() >= LOCAL_WORLD_SIZE`), and says so where there are fewer, as on a
+# machine with one GPU: two ranks cannot share one GPU under NCCL.
 
 # %% cuda-fp16-gradscaler-runs-ddp
 # %%ddp -n $world_size --timeout 60
 import os, torch
-if not (torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])):
-    print("skipped: needs one CUDA GPU per rank")
+local_ranks = int(os.environ["LOCAL_WORLD_SIZE"])
+if not (torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks):
+    print(f"skipped: needs one CUDA GPU per rank ({local_ranks} ranks, {torch.cuda.device_count()} GPUs here)")
 else:
     import torch.distributed as dist, torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     model = DDP(torch.nn.Linear(16, 1).cuda(), device_ids=[local])
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     scaler = torch.amp.GradScaler("cuda")

@@ -7,8 +7,10 @@
 # | **NCCL** | CUDA tensors only | GPU training — the fastest on NVIDIA GPUs (NVLink, InfiniBand); Linux + CUDA builds |
 # | **MPI** | CPU (CUDA with a CUDA-aware MPI) | HPC clusters with an MPI installation; needs torch **built from source** with MPI |
 #
-# Rule of thumb: `"nccl"` for GPUs, `"gloo"` for CPU. `nbddp.backend()` returns exactly that (or what
-# `%%ddp --backend` asked for).
+# Rule of thumb: `"nccl"` for GPUs, one per rank; `"gloo"` for CPU. `nbddp.backend()` in a rank returns the
+# backend its launch was made for: `%%ddp`'s default `--backend auto` means nccl where every rank of a machine
+# has a GPU of its own, and gloo where there are none or fewer GPUs than ranks (NCCL refuses two ranks on
+# one GPU; the launch line then says so); `%%ddp --backend` asks for one.
 
 # %% parameters tags=["parameters"]
 world_size = 2
@@ -42,7 +44,7 @@ print(f"rank {dist.get_rank()}: nbddp.backend() = {nbddp.backend()}, in use: {in
 dist.destroy_process_group()
 
 # %% what-this-torch-can-code-2
-chosen = "nccl" if torch.cuda.is_available() else "gloo"
+chosen = "nccl" if torch.cuda.device_count() >= world_size else "gloo"   # --backend auto: a GPU per rank, or gloo
 assert in_use == [chosen] * world_size, in_use
 
 # %% what-this-torch-can-note [markdown]
@@ -60,6 +62,54 @@ if not available["nccl"]:
     assert "NCCL" in nccl_error.cause and "gloo" in nccl_error.hint
 else:
     print("NCCL is available here")
+
+# %% nccl-on-a-gpu [markdown]
+# ### On a GPU: NCCL takes CUDA tensors only
+# This cell needs CUDA; without it, it says so and does nothing (its run on a GPU machine is
+# `docs/lessons/gpu/09_backends.ipynb`, listed on the docs page *GPU runs*). One rank on one GPU, with
+# `init_process_group("nccl", ...)`: an `all_reduce` of a tensor on the GPU runs through NCCL, and one of a
+# CPU tensor is refused, since a group made with `"nccl"` alone has no backend for the CPU. Objects and CPU
+# tensors then go through a gloo group beside it (`dist.new_group(backend="gloo")`); `init_process_group`
+# also takes both at once, as `"cpu:gloo,cuda:nccl"`.
+#
+# What one GPU cannot show: NCCL between GPUs. With one rank, an all-reduce has no other GPU to talk to, so
+# its time says nothing of NVLink or InfiniBand. A measurement like section 2's, for NCCL, needs a rank on
+# each of several GPUs (NVIDIA's `nccl-tests` measure NCCL's collectives without torch).
+
+# %% nccl-on-a-gpu-ddp
+# %%ddp -n 1 --timeout 60 --pull nccl_run@0
+import os, torch, torch.distributed as dist
+nccl_run = None
+if not torch.cuda.is_available():
+    print("skipped: no CUDA GPU here (its run on a GPU: docs/lessons/gpu/09_backends.ipynb)")
+else:
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    t = torch.ones(4, device=device)
+    dist.all_reduce(t)                                   # NCCL, on the GPU
+    nccl_run = {"backend": dist.get_backend(), "CUDA tensor": f"all_reduce gave {t.tolist()} on {t.device}"}
+    try:
+        dist.all_reduce(torch.ones(4))                   # a CPU tensor, in a group with NCCL alone
+        nccl_run["CPU tensor"] = "accepted"
+    except RuntimeError as exc:
+        nccl_run["CPU tensor"] = "refused: " + str(exc).strip().splitlines()[0]
+    cpu_group = dist.new_group(backend="gloo")           # a gloo group beside it, for CPU tensors
+    c = torch.ones(4)
+    dist.all_reduce(c, group=cpu_group)
+    nccl_run["CPU tensor, gloo group"] = f"all_reduce gave {c.tolist()} on {c.device}"
+    for key, value in nccl_run.items():
+        print(f"{key:22} {value}")
+    dist.destroy_process_group()
+
+# %% nccl-on-a-gpu-code
+if nccl_run is None:
+    print("no GPU here: the cell above was skipped")
+else:
+    assert nccl_run["backend"] == "nccl" and nccl_run["CUDA tensor"] == "all_reduce gave [1.0, 1.0, 1.0, 1.0] on cuda:0", nccl_run
+    assert nccl_run["CPU tensor"] == "refused: No backend type associated with device type cpu", nccl_run
+    assert nccl_run["CPU tensor, gloo group"] == "all_reduce gave [1.0, 1.0, 1.0, 1.0] on cpu", nccl_run
+    print("NCCL took the CUDA tensor and refused the CPU one; a gloo group took that")
 
 # %% measured-gloo-all_reduce-time [markdown]
 # ## 2 · Measured: gloo `all_reduce` time vs tensor size

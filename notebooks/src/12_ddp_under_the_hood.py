@@ -12,7 +12,8 @@
 #
 # Then three things it needs to be told: parameters that get no gradient (`find_unused_parameters`),
 # batch statistics across ranks (`SyncBatchNorm`) and ranks with fewer batches than others (`Join`).
-# Everything runs on CPU with gloo.
+# Everything runs on CPU with gloo, but for the GPU cells of section 4 (`SyncBatchNorm` for real), which say
+# so and do nothing without CUDA.
 
 # %% parameters tags=["parameters"]
 world_size = 2
@@ -280,6 +281,85 @@ bn["|synced - whole batch|"] = (synced - reference).abs().max().item()
 bn["|local BN - whole batch|"] = (local - reference).abs().max().item()
 print(bn)
 dist.destroy_process_group()
+
+# %% syncbatchnorm-on-a-gpu [markdown]
+# ### On a GPU: `SyncBatchNorm` for real
+# These cells need CUDA; without it they say so and do nothing (their run on a GPU machine is
+# `docs/lessons/gpu/12_ddp_under_the_hood.ipynb`, listed on the docs page *GPU runs*). One rank on one GPU:
+# `convert_sync_batchnorm` swaps every `BatchNorm*d` for a `SyncBatchNorm`, and on the GPU DDP takes the
+# model that it refused on CPU above. With one rank there is nothing to combine: its forward sees a world
+# size of 1 and runs the plain `batch_norm` (torch 2.13, `SyncBatchNorm.forward`), so the output equals
+# `BatchNorm`'s over this rank's batch.
+
+# %% syncbatchnorm-one-gpu-ddp
+# %%ddp -n 1 --timeout 60 --pull sync_bn@0
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+sync_bn = None
+if not torch.cuda.is_available():
+    print("skipped: no CUDA GPU here (its run on a GPU: docs/lessons/gpu/12_ddp_under_the_hood.ipynb)")
+else:
+    local = int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    plain = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(plain)
+    model = DDP(converted.to(device), device_ids=[local])        # accepted: the module is on a GPU
+    x = torch.randn(8, 3, device=device)
+    out = model(x)
+    reference = torch.nn.functional.batch_norm(model.module[0](x), None, None, training=True)
+    sync_bn = {"layers": [type(m).__name__ for m in model.module], "on": str(next(model.parameters()).device),
+               "|SyncBatchNorm - BatchNorm|, 1 rank": (out - reference).abs().max().item()}
+    print(sync_bn)
+    dist.destroy_process_group()
+
+# %% syncbatchnorm-one-gpu-code
+if sync_bn is None:
+    print("no GPU here: the cell above was skipped")
+else:
+    assert sync_bn["layers"] == ["Linear", "SyncBatchNorm"] and sync_bn["on"] == "cuda:0", sync_bn
+    assert sync_bn["|SyncBatchNorm - BatchNorm|, 1 rank"] < 1e-5, sync_bn
+    print("converted, accepted by DDP on the GPU; with one rank, the plain batch norm")
+
+# %% syncbatchnorm-gpus [markdown]
+# The statistics are combined only when there are several ranks, which under NCCL means several GPUs: the
+# next cell needs a CUDA GPU for each of its `world_size` ranks (`torch.cuda.device_count() >=
+# LOCAL_WORLD_SIZE`) and says so where there are fewer, as on one GPU. There it runs the data of the CPU cell
+# above through a real `SyncBatchNorm` under DDP and compares each rank's output with `BatchNorm` over the
+# whole global batch, as that cell did with its statistics made by hand.
+
+# %% syncbatchnorm-gpus-ddp
+# %%ddp -n $world_size --timeout 60 --pull synced_bn
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+local_ranks = int(os.environ["LOCAL_WORLD_SIZE"])
+synced_bn = None
+if not (torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks):
+    print(f"skipped: needs one CUDA GPU per rank ({local_ranks} ranks, {torch.cuda.device_count()} GPUs here)")
+else:
+    local = int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(7)                     # the data of the CPU cell above
+    everything = torch.randn(8 * world, 3, generator=g) * torch.tensor([1.0, 2.0, 3.0]) + torch.arange(8.0 * world).unsqueeze(1)
+    x = everything[rank * 8:(rank + 1) * 8].to(device)
+    model = DDP(torch.nn.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm1d(3))).to(device),
+                device_ids=[local])
+    out = model(x).detach().cpu()                            # normalised with the global batch's statistics
+    reference = torch.nn.functional.batch_norm(everything, None, None, training=True)[rank * 8:(rank + 1) * 8]
+    synced_bn = (out - reference).abs().max().item()
+    print(f"rank {rank}: |SyncBatchNorm - whole batch| = {synced_bn:.1e}")
+    dist.destroy_process_group()
+
+# %% syncbatchnorm-gpus-code
+if synced_bn[0] is None:
+    print("not enough GPUs here: the cell above was skipped")
+else:
+    assert max(synced_bn) < 1e-4, synced_bn
+    print(f"SyncBatchNorm on {world_size} GPUs: every rank normalised with the whole batch's statistics")
 
 # %% uneven-inputs-hang-join [markdown]
 # ## 5 · Uneven inputs: the hang, and `Join`
