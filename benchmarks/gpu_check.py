@@ -28,8 +28,6 @@ sys.path.insert(0, ROOT)
 from support.kernel import Kernel  # noqa: E402 - tests/support/kernel.py, on the path just above
 
 PARTS = ("tests", "lessons", "speed", "soak")
-# the lessons whose GPU branch runs only with CUDA (each says so where it skips it on CPU)
-GPU_LESSONS = ("04_single_device_to_ddp", "08_no_sync_and_mixed_precision", "09_backends", "12_ddp_under_the_hood")
 
 # The speed script: a torchrun user's DDP loop on cuda:LOCAL_RANK, timed inside rank 0 after a
 # warm-up, so the figure is the training's, not the launch's.
@@ -114,8 +112,8 @@ def run_tests() -> str:
 
 
 def run_lessons() -> str:
-    """The lessons with a GPU branch, executed here: their copies in docs/lessons/gpu/."""
-    out = subprocess.run([sys.executable, "notebooks/executed.py", "--gpu", *GPU_LESSONS], cwd=ROOT,
+    """The lessons with GPU cells (notebooks/executed.py's GPU_LESSONS), run here: docs/lessons/gpu/."""
+    out = subprocess.run([sys.executable, "notebooks/executed.py", "--gpu"], cwd=ROOT,
                          capture_output=True, text=True, timeout=1500)
     print(out.stdout[-4000:], out.stderr[-4000:], flush=True)
     return f"exit {out.returncode}: " + (out.stdout.strip().splitlines() or [""])[-1]

@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+import os
+
 from nbddp.api import run
 from nbddp.core.ddpline import parse_line
 from nbddp.core.errors import DDPUsageError, NbddpError
@@ -26,15 +28,18 @@ __version__ = "0.1.0"
 
 
 def backend() -> str:
-    """The backend this rank was launched for (``--backend``; auto: nccl with CUDA, else gloo).
-    Outside nbddp (say, the same code under torchrun) the same rule is applied here."""
+    """The backend this rank was launched for (``--backend``; auto: nccl with a GPU for each of
+    the node's ranks, else gloo). Outside nbddp (say, the same code under torchrun) the same rule
+    is applied here, to torchrun's LOCAL_WORLD_SIZE."""
+    from nbddp.core.placement import auto_backend
     from nbddp.rank.worker import CURRENT
 
     if CURRENT.get("backend"):
         return CURRENT["backend"]
     import torch
 
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return auto_backend(devices, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def can_answer() -> bool:

@@ -44,6 +44,12 @@ def _visible(base_env: Mapping[str, str] | None, device_count: int) -> list[str]
     return [str(i) for i in range(device_count)]
 
 
+def auto_backend(devices: int, ranks_per_node: int) -> str:
+    """``--backend auto``'s rule: nccl where the node has a GPU for each of its ranks (nccl
+    refuses two ranks on one GPU), else gloo, which runs anywhere."""
+    return "nccl" if devices and ranks_per_node <= devices else "gloo"
+
+
 def plan(spec: LaunchSpec, device_count: int, base_env: Mapping[str, str] | None = None) -> Placement:
     """The placement for ``spec`` on a machine with ``device_count`` CUDA devices.
     Raises DDPUsageError (one line) for a choice that cannot work."""
@@ -65,9 +71,8 @@ def plan(spec: LaunchSpec, device_count: int, base_env: Mapping[str, str] | None
         devices = tuple(range(device_count))
     backend, note = spec.backend, ""
     if backend == "auto":
-        backend = "nccl" if devices else "gloo"
-        if devices and nproc > len(devices):  # nccl refuses two ranks on one GPU: gloo still runs
-            backend = "gloo"
+        backend = auto_backend(len(devices), nproc)
+        if devices and backend == "gloo":  # nccl refuses two ranks on one GPU: gloo still runs
             note = (f"backend hint gloo, not nccl: {nproc} ranks per node but {len(devices)} GPU"
                     f"{'s' if len(devices) != 1 else ''} {'chosen' if gpus is not None else 'here'} "
                     f"(nccl needs one GPU per rank; use -n {len(devices)} per node for nccl)")

@@ -88,3 +88,13 @@ def test_rank_env_adds_visible_devices_only_with_gpus():
     mine_spec = spec("-n 2 --gpus 1,3 --env CUDA_VISIBLE_DEVICES=0,1")
     mine = rank_env(mine_spec, 1, devices_env=placement.plan(mine_spec, 4).env, **kw)
     assert mine["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_nbddp_backend_outside_nbddp_applies_autos_rule_to_torchruns_local_world_size():
+    """The same code under plain torchrun: nccl only where each of the node's ranks has a GPU
+    (placement.auto_backend, the rule --backend auto follows; this machine has none)."""
+    assert [placement.auto_backend(d, n) for d, n in ((0, 1), (1, 1), (1, 2), (4, 4), (4, 8))] == \
+        ["gloo", "nccl", "gloo", "nccl", "gloo"]
+    import nbddp
+
+    assert nbddp.backend() == "gloo"
