@@ -23,10 +23,16 @@ class RankLike(Protocol):
     def gpu_memory(self) -> Sequence[dict[str, Any]] | None: ...
 
 
+def gpu_name(visible: Any) -> str:
+    """A device as CUDA_VISIBLE_DEVICES names it: ``GPU 3``, or a UUID as it is (``GPU-5d3c…``, ``MIG-…``)."""
+    text = str(visible)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU {text}"
+
+
 def device_name(entry: dict[str, Any]) -> str:
     """``cuda:0``, or ``cuda:0 (GPU 3)`` where CUDA_VISIBLE_DEVICES renumbered it."""
     name = f"cuda:{entry['device']}"
-    return name if str(entry["visible"]) == str(entry["device"]) else f"{name} (GPU {entry['visible']})"
+    return name if str(entry["visible"]) == str(entry["device"]) else f"{name} ({gpu_name(entry['visible'])})"
 
 
 def _rank_line(rank: int, entries: Sequence[dict[str, Any]]) -> str:
@@ -66,7 +72,7 @@ def shared_notes(used: Sequence[tuple[int, int, Sequence[dict[str, Any]]]]) -> l
     notes = []
     for (node, visible), ranks in sorted(on.items()):
         if len(ranks) > 1 and devices_seen[node] >= ranks_of_node[node]:
-            notes.append(f"note: ranks {ranges(ranks)} all allocated on GPU {visible}"
+            notes.append(f"note: ranks {ranges(ranks)} all allocated on {gpu_name(visible)}"
                          f"{f' of node {node}' if node else ''}: each rank should run on its own, "
                          "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before anything touches CUDA")
     return notes

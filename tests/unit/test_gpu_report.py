@@ -32,7 +32,7 @@ def test_each_rank_says_its_device_peak_and_what_it_still_held():
 def test_a_renumbered_device_names_the_gpu_it_is():
     assert gpureport.device_name(_used(0, 1, visible=3)) == "cuda:0 (GPU 3)"
     assert gpureport.device_name(_used(2, 1)) == "cuda:2"
-    assert gpureport.device_name(_used(0, 1, visible="GPU-5d3c")) == "cuda:0 (GPU GPU-5d3c)"
+    assert gpureport.device_name(_used(0, 1, visible="GPU-5d3c")) == "cuda:0 (GPU-5d3c)"  # a UUID as given
 
 
 def test_many_ranks_fold_into_a_range_and_the_largest():
