@@ -64,6 +64,8 @@ def entry(pipes: dict) -> None:
         _refuse_outside_private_net(ctl)
         _send(ctl, (msg.STARTED, os.getpid(), time.time()))
         code = _serve(job, ctl) if job.pool else _run(job, ctl)
+        if not job.pool:  # a pool rank sent its figures after each cell
+            _send_gpu_memory(ctl)
     except BaseException as exc:  # setup failed: say so as plainly as possible
         try:
             os.write(2, f"nbddp: worker setup failed: {exc!r}\n".encode())
@@ -448,7 +450,6 @@ def _send_gpu_memory(ctl) -> None:
 
 
 def _finish(ctl, code: int) -> None:
-    _send_gpu_memory(ctl)
     _send(ctl, (msg.FINISHED, code))  # the cell is over; what follows is the process's exit
     try:
         threading_shutdown = getattr(threading, "_shutdown", None)
